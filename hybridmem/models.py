@@ -1,0 +1,318 @@
+"""Typed values hybridmem takes and returns: never raw dicts or Chroma's lists of lists.
+
+Input validation lives here (pydantic), so every entry point — library, CLI, REST — refuses the same
+bad input with the same :class:`~hybridmem.errors.InvalidInputError`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hybridmem.errors import InvalidInputError, InvalidUserIdError
+
+__all__ = [
+    "MAX_TEXT_CHARS",
+    "ChatReply",
+    "Context",
+    "ContextLine",
+    "Entity",
+    "Extraction",
+    "Hit",
+    "MemoryItem",
+    "MetadataValue",
+    "Relation",
+    "ScoreBreakdown",
+    "Usage",
+    "new_id",
+    "utcnow",
+    "validate_metadata",
+    "validate_text",
+    "validate_user_id",
+]
+
+#: Longest memory text accepted (characters). Longer input is refused, not truncated.
+MAX_TEXT_CHARS = 20_000
+#: Longest user id accepted (characters).
+MAX_USER_ID_CHARS = 256
+MAX_METADATA_KEYS = 64
+
+MetadataValue = Union[str, int, float, bool, None]
+_FORBIDDEN_USER_ID = re.compile(r"[\x00-\x1f\x7f/\\]")
+_METADATA_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (all stored times are UTC)."""
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    """A fresh memory id (uuid4, hex)."""
+    return uuid.uuid4().hex
+
+
+def as_utc(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return ``user_id`` if it is safe to store under; raise :class:`InvalidUserIdError` otherwise.
+
+    User ids never reach a path or a collection name raw (both are derived from a hash), but ids that
+    look like paths or carry control characters are refused anyway, so logs and exports stay sane.
+    """
+    if not isinstance(user_id, str):
+        raise InvalidUserIdError(f"user_id must be a string, got {type(user_id).__name__}")
+    if not user_id.strip():
+        raise InvalidUserIdError("user_id must not be empty or blank")
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise InvalidUserIdError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
+    if _FORBIDDEN_USER_ID.search(user_id):
+        raise InvalidUserIdError("user_id must not contain '/', '\\' or control characters")
+    if user_id in {".", ".."} or ".." in user_id:
+        raise InvalidUserIdError("user_id must not contain '..'")
+    return user_id
+
+
+def validate_text(text: object, *, what: str = "text") -> str:
+    """Return ``text`` if it is a non-blank string of at most :data:`MAX_TEXT_CHARS` characters."""
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidInputError(f"{what} must not be empty or blank")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidInputError(
+            f"{what} has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}; split it"
+        )
+    if "\x00" in text:
+        raise InvalidInputError(f"{what} must not contain NUL characters")
+    return text
+
+
+def validate_metadata(metadata: object) -> dict[str, MetadataValue]:
+    """Return a copy of ``metadata`` if it is a flat dict of JSON scalars with simple keys."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise InvalidInputError(f"metadata has more than {MAX_METADATA_KEYS} keys")
+    out: dict[str, MetadataValue] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _METADATA_KEY.match(key):
+            raise InvalidInputError(
+                f"metadata key {key!r} is invalid: use letters, digits, '_', '.', '-' "
+                "(starting with a letter or '_', at most 64 characters)"
+            )
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise InvalidInputError(
+                f"metadata[{key!r}] must be a JSON scalar (str, int, float, bool or None), "
+                f"got {type(value).__name__}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"metadata[{key!r}] must be a finite number")
+        if isinstance(value, str) and len(value) > 2_000:
+            raise InvalidInputError(f"metadata[{key!r}] is longer than 2000 characters")
+        out[key] = value
+    return out
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __repr_args__(self) -> Any:  # keep repr to the useful fields, one line
+        return super().__repr_args__()
+
+
+Unit = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class MemoryItem(_Model):
+    """One stored memory: a fact, a conversation turn or a summary, with its lifecycle fields.
+
+    The lifecycle fields (``valid_from``, ``invalid_at``, ``superseded_by``, ``expires_at``, access
+    counters) exist from the start so that dedup, supersession and decay need no migration.
+    """
+
+    id: str
+    user_id: str
+    text: str
+    kind: Literal["fact", "turn", "summary"] = "fact"
+    category: str = "general"
+    importance: Unit = 0.5
+    confidence: Unit = 1.0
+    source: str = "user"
+    created_at: datetime
+    updated_at: datetime
+    valid_from: datetime | None = None
+    invalid_at: datetime | None = None
+    superseded_by: str | None = None
+    expires_at: datetime | None = None
+    mention_count: int = 1
+    access_count: int = 0
+    last_accessed_at: datetime | None = None
+    needs_extraction: bool = False
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+    @property
+    def is_current(self) -> bool:
+        """True unless the memory was superseded or invalidated."""
+        return self.invalid_at is None and self.superseded_by is None
+
+    def __repr__(self) -> str:
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"MemoryItem(id={self.id[:8]}, category={self.category!r}, text={text!r})"
+
+    __str__ = __repr__
+
+
+class ScoreBreakdown(_Model):
+    """The signals that made a hit's score; ``None`` means the signal did not find this memory."""
+
+    vector: float | None = None  # cosine similarity
+    vector_rank: int | None = None  # 1-based
+    lexical: float | None = None  # bm25 score (higher is better)
+    lexical_rank: int | None = None
+    graph: float | None = None  # proximity in (0, 1]: 1 / (1 + hops), damped
+    graph_hops: int | None = None
+    graph_path: str | None = None  # e.g. "client_123 -bought-> ROG laptop"
+    recency: float | None = None  # 0.5 ** (age / half_life)
+    age_days: float | None = None
+    importance: float | None = None
+    confidence: float | None = None
+    fused: float = 0.0
+
+
+class Hit(_Model):
+    """A search result: the memory, its final score and why it was chosen."""
+
+    item: MemoryItem
+    score: float
+    breakdown: ScoreBreakdown = Field(default_factory=ScoreBreakdown)
+    why: str = ""
+
+    def __repr__(self) -> str:
+        return f"Hit(score={self.score:.3f}, item={self.item!r}, why={self.why!r})"
+
+    __str__ = __repr__
+
+
+class Entity(_Model):
+    """An entity found in text; ``name`` is the surface form, the graph canonicalises it."""
+
+    name: str = Field(min_length=1, max_length=200)
+    type: str = "thing"
+
+
+class Relation(_Model):
+    """A directed relation ``subject -predicate-> object`` with the extractor's confidence."""
+
+    subject: str = Field(min_length=1, max_length=200)
+    predicate: str = Field(min_length=1, max_length=100)
+    object: str = Field(min_length=1, max_length=200)
+    confidence: Unit = 1.0
+
+    def __repr__(self) -> str:
+        return f"Relation({self.subject} -{self.predicate}-> {self.object})"
+
+
+class Usage(_Model):
+    """Token usage reported by an endpoint (zeros for offline work)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+
+class Extraction(_Model):
+    """What an extractor found in one text. ``extractor`` names who found it (shown in ``why``)."""
+
+    entities: list[Entity] = Field(default_factory=list)
+    relations: list[Relation] = Field(default_factory=list)
+    extractor: str = "none"
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ContextLine(_Model):
+    """One line of a built context, with the memory it came from and why it was chosen."""
+
+    section: Literal["facts", "relations", "memories", "episodes"]
+    text: str
+    memory_id: str | None = None
+    why: str = ""
+    tokens: int = 0
+
+
+class Context(_Model):
+    """A context string that fits a token budget; ``tokens`` is its exact tiktoken count."""
+
+    text: str
+    tokens: int
+    max_tokens: int
+    lines: list[ContextLine] = Field(default_factory=list)
+    encoding: str = "o200k_base"
+
+    def __repr__(self) -> str:
+        return f"Context(tokens={self.tokens}/{self.max_tokens}, lines={len(self.lines)})"
+
+    __str__ = __repr__
+
+
+class ChatReply(_Model):
+    """The model's answer, the context that was sent with it, and the token usage."""
+
+    text: str
+    context: Context
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+
+    def __repr__(self) -> str:
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"ChatReply(model={self.model!r}, text={text!r}, usage={self.usage.total_tokens})"
+
+
+class AddRequest(BaseModel):
+    """Validated input of :meth:`Memory.add` (also the REST body of one memory)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    kind: Literal["fact", "turn", "summary"] = "fact"
+    category: str = Field(default="general", min_length=1, max_length=64)
+    importance: Unit = 0.5
+    confidence: Unit = 1.0
+    source: str = Field(default="user", min_length=1, max_length=64)
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return validate_text(value)
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata(cls, value: object) -> dict[str, MetadataValue]:
+        return validate_metadata(value)
+
+    @field_validator("created_at", "expires_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else as_utc(value)
