@@ -161,6 +161,7 @@ class MemoryItem(_Model):
     access_count: int = 0
     last_accessed_at: datetime | None = None
     needs_extraction: bool = False
+    extractor: str | None = None
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
 
     @property

@@ -1,0 +1,76 @@
+"""Safe files: per-user directories derived from a hash, atomic writes, per-user file locks.
+
+A user id never becomes a path raw: the directory name is a hash of it, and the resolved path is
+checked to stay inside ``data_dir`` anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from hybridmem.errors import InvalidUserIdError, StorageError
+from hybridmem.models import validate_user_id
+
+__all__ = ["atomic_write_bytes", "remove_tree", "user_key", "user_dir", "user_lock"]
+
+
+def user_key(user_id: str) -> str:
+    """A stable name for ``user_id`` usable as a directory and Chroma collection name."""
+    validate_user_id(user_id)
+    return "u-" + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:40]
+
+
+def user_dir(data_dir: Path, user_id: str, *, create: bool = True) -> Path:
+    """The directory holding ``user_id``'s files, always inside ``data_dir/users``."""
+    root = (data_dir / "users").resolve()
+    path = (root / user_key(user_id)).resolve()
+    if path.parent != root:
+        raise InvalidUserIdError("user_id would resolve outside the data directory")
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def user_lock(data_dir: Path, user_id: str) -> FileLock:
+    """A cross-process lock for ``user_id``'s files (the lock file sits beside them)."""
+    locks = data_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(locks / f"{user_key(user_id)}.lock"), thread_local=False)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, whole.
+
+    Temp file in the same directory, fsync, ``os.replace``, then fsync of the directory.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StorageError(f"could not write {path}: {exc}") from exc
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree if it exists."""
+    if path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,136 @@
+"""SqliteLexicalIndex: a persistent per-user full-text index ranked by SQLite FTS5's ``bm25()``.
+
+One small SQLite file per user (``users/<hash>/lexical.sqlite3``), Porter-stemmed, so forgetting a
+user deletes one file and no other user's rows ever share a page with theirs. Queries are the
+question's content words OR-ed together: FTS5's BM25 weighs rare words up and common ones down.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from hybridmem._files import user_dir, user_key
+from hybridmem.errors import CorruptStateError, StorageError
+
+__all__ = ["SqliteLexicalIndex", "content_words"]
+
+FILE_NAME = "lexical.sqlite3"
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Function words that match nearly every memory; dropping them keeps OR-queries selective.
+STOPWORDS = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have he her hers him
+    his how i if in into is it its me my of on or our she so than that the their them then there these
+    they this to us was we were what when where which who whom why will with would you your yours
+    about after all also am any before being both did doing during each few further here just more
+    most no nor not now only other over own same should some such too under until up very while""".split()
+)
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words of ``text`` without stopwords, first occurrence order, no repeats."""
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(text.lower()):
+        if word not in STOPWORDS and word not in seen:
+            seen[word] = None
+    return list(seen)
+
+
+class SqliteLexicalIndex:
+    """FTS5 index per user. Thread-safe (one lock, connections cached per user)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = data_dir
+        self._conns: dict[str, sqlite3.Connection] = {}
+        self._lock = threading.RLock()
+
+    def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
+        key = user_key(user_id)
+        conn = self._conns.get(key)
+        if conn is not None:
+            return conn
+        path = user_dir(self._data_dir, user_id, create=create) / FILE_NAME
+        if not create and not path.exists():
+            return None
+        try:
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA secure_delete=ON")
+            conn.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS docs USING fts5("
+                "id UNINDEXED, text, tokenize='porter unicode61 remove_diacritics 2')"
+            )
+        except sqlite3.DatabaseError as exc:
+            raise CorruptStateError(f"the lexical index {path} cannot be opened: {exc}") from exc
+        self._conns[key] = conn
+        return conn
+
+    def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
+        """Index texts under their memory ids (replacing earlier text of the same id)."""
+        if not ids:
+            return
+        with self._lock:
+            conn = self._conn(user_id)
+            assert conn is not None
+            try:
+                conn.execute("BEGIN")
+                conn.executemany("DELETE FROM docs WHERE id = ?", [(i,) for i in ids])
+                conn.executemany("INSERT INTO docs(id, text) VALUES (?, ?)", list(zip(ids, texts)))
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise StorageError(f"could not index memories of {user_id!r}: {exc}") from exc
+
+    def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Remove memory ids from the index."""
+        with self._lock:
+            conn = self._conn(user_id, create=False)
+            if conn is None or not ids:
+                return
+            try:
+                conn.execute("BEGIN")
+                conn.executemany("DELETE FROM docs WHERE id = ?", [(i,) for i in ids])
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise StorageError(f"could not update the index of {user_id!r}: {exc}") from exc
+
+    def search(self, user_id: str, query: str, *, limit: int) -> list[tuple[str, float]]:
+        """(memory id, score) best first; score is ``-bm25()`` so that higher is better."""
+        words = content_words(query)
+        if not words:
+            return []
+        match = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+        with self._lock:
+            conn = self._conn(user_id, create=False)
+            if conn is None:
+                return []
+            try:
+                rows = conn.execute(
+                    "SELECT id, -bm25(docs) AS s FROM docs WHERE docs MATCH ? ORDER BY s DESC LIMIT ?",
+                    (match, limit),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise StorageError(f"could not search the index of {user_id!r}: {exc}") from exc
+        return [(str(i), float(s)) for i, s in rows]
+
+    def drop_user(self, user_id: str) -> None:
+        """Close and delete the user's index file (and any journal beside it)."""
+        with self._lock:
+            conn = self._conns.pop(user_key(user_id), None)
+            if conn is not None:
+                conn.close()
+            folder = user_dir(self._data_dir, user_id, create=False)
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                (folder / (FILE_NAME + suffix)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Close every connection; idempotent."""
+        with self._lock:
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()

@@ -1,0 +1,149 @@
+"""Fusion ranking: pure functions, no I/O. Every score can be explained.
+
+Signals per candidate memory ``m``:
+
+- vector: rank ``r_v(m)`` among the cosine-nearest memories (and the similarity itself);
+- lexical: rank ``r_l(m)`` by SQLite FTS5 ``bm25()``;
+- graph: ``h(m)`` hops from an entity of the query (or from an entity of the top hits, counted one hop
+  further); graph candidates are ranked by ``h`` then by arrival order, ``r_g(m)``;
+- recency: ``d(m) = 0.5 ** (age_days / half_life_days)``;
+- importance ``i(m)`` and confidence ``c(m)`` in [0, 1].
+
+RRF fusion (the default, ``fusion="rrf"``; ``k = rrf_k = 60`` as in Cormack et al. 2009)::
+
+    base(m)  = w_v / (k + r_v) + w_l / (k + r_l) + w_g * GRAPH_DAMPING ** h / (k + r_g)
+    score(m) = base(m) * (1 - w_r + w_r * d(m)) * (1 + w_i * (i(m) - 0.5)) * (0.5 + 0.5 * c(m))
+
+A signal that did not find ``m`` contributes 0. ``w_r`` (recency_weight) is clamped to [0, 1];
+0 disables decay (the measured default: LoCoMo questions ask about any point of a long history).
+
+Weighted fusion (``fusion="weighted"``) replaces ``base`` by
+``w_v * sim + w_l * bm25 / max_bm25 + w_g * GRAPH_DAMPING ** h``; kept for comparison in ``bench/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridmem.models import ScoreBreakdown
+
+__all__ = ["GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "fuse"]
+
+#: Each graph hop multiplies the graph signal by this factor.
+GRAPH_DAMPING = 0.5
+
+
+@dataclass
+class Candidate:
+    """What the retrievers found about one memory (None: that retriever did not find it)."""
+
+    memory_id: str
+    vector: float | None = None
+    vector_rank: int | None = None
+    lexical: float | None = None
+    lexical_rank: int | None = None
+    graph_hops: int | None = None
+    graph_path: str | None = None
+    graph_rank: int | None = None
+    age_days: float | None = None
+    importance: float = 0.5
+    confidence: float = 1.0
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Fusion weights and constants (see the module docstring)."""
+
+    vector: float = 1.0
+    lexical: float = 1.0
+    graph: float = 0.5
+    recency: float = 0.0
+    half_life_days: float = 30.0
+    importance: float = 0.0
+    rrf_k: float = 60.0
+    fusion: Literal["rrf", "weighted"] = "rrf"
+
+
+def decay(age_days: float, half_life_days: float) -> float:
+    """``0.5 ** (age / half_life)``: 1 for a new memory, 0.5 after one half-life; never increases
+    with age. Negative ages (clock skew, future dates) count as 0."""
+    return float(0.5 ** (max(age_days, 0.0) / half_life_days))
+
+
+def _base(c: Candidate, w: Weights, max_lexical: float) -> float:
+    if w.fusion == "weighted":
+        score = w.vector * (c.vector or 0.0)
+        if c.lexical is not None and max_lexical > 0:
+            score += w.lexical * c.lexical / max_lexical
+        if c.graph_hops is not None:
+            score += w.graph * GRAPH_DAMPING**c.graph_hops
+        return score
+    score = 0.0
+    if c.vector_rank is not None:
+        score += w.vector / (w.rrf_k + c.vector_rank)
+    if c.lexical_rank is not None:
+        score += w.lexical / (w.rrf_k + c.lexical_rank)
+    if c.graph_hops is not None and c.graph_rank is not None:
+        score += w.graph * GRAPH_DAMPING**c.graph_hops / (w.rrf_k + c.graph_rank)
+    return score
+
+
+def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:
+    """Score and sort candidates, best first (ties keep the input order)."""
+    max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
+    recency_w = min(max(weights.recency, 0.0), 1.0)
+    scored = []
+    for c in candidates:
+        recency = None if c.age_days is None else decay(c.age_days, weights.half_life_days)
+        score = _base(c, weights, max_lexical)
+        if recency is not None:
+            score *= 1.0 - recency_w + recency_w * recency
+        score *= 1.0 + weights.importance * (c.importance - 0.5)
+        score *= 0.5 + 0.5 * c.confidence
+        breakdown = ScoreBreakdown(
+            vector=c.vector,
+            vector_rank=c.vector_rank,
+            lexical=c.lexical,
+            lexical_rank=c.lexical_rank,
+            graph=None if c.graph_hops is None else GRAPH_DAMPING**c.graph_hops,
+            graph_hops=c.graph_hops,
+            graph_path=c.graph_path,
+            recency=recency,
+            age_days=c.age_days,
+            importance=c.importance,
+            confidence=c.confidence,
+            fused=score,
+        )
+        scored.append((c, breakdown))
+    scored.sort(key=lambda pair: pair[1].fused, reverse=True)
+    return scored
+
+
+def _age(days: float) -> str:
+    if days < 1 / 24:
+        return "just now"
+    if days < 1:
+        return f"{days * 24:.0f} hours old"
+    if days < 60:
+        return f"{days:.0f} days old"
+    if days < 730:
+        return f"{days / 30.44:.0f} months old"
+    return f"{days / 365.25:.1f} years old"
+
+
+def explain(b: ScoreBreakdown) -> str:
+    """A one-line reason, e.g. ``vector .71 #2 · bm25 #3 · graph: a -bought-> b (1 hop) · 3 days old``."""
+    parts = []
+    if b.vector is not None:
+        parts.append(f"vector {b.vector:.2f}" + (f" #{b.vector_rank}" if b.vector_rank else ""))
+    if b.lexical_rank is not None:
+        parts.append(f"bm25 #{b.lexical_rank}")
+    if b.graph_hops is not None:
+        hops = "1 hop" if b.graph_hops == 1 else f"{b.graph_hops} hops"
+        parts.append(f"graph: {b.graph_path} ({hops})" if b.graph_path else f"graph ({hops})")
+    if b.age_days is not None:
+        parts.append(_age(b.age_days))
+    if b.confidence is not None and b.confidence < 1.0:
+        parts.append(f"confidence {b.confidence:.2f}")
+    return " · ".join(parts)

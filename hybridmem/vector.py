@@ -1,0 +1,285 @@
+"""ChromaVectorStore: one Chroma collection per user, embedded or server, holding *our* vectors only.
+
+Collections are created with ``embedding_function=None`` and an explicit cosine HNSW configuration,
+so Chroma never attaches (and downloads) its own embedder. The collection name is a hash of the
+user id; the raw id, the embedder's name and its dimension are kept in the collection's metadata,
+and opening a collection with a different embedder is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from hybridmem._files import user_key
+from hybridmem.errors import EmbedderMismatchError, StorageError
+from hybridmem.models import MetadataValue
+from hybridmem.protocols import StoredRecord, VectorHit
+
+__all__ = ["ChromaVectorStore", "make_chroma_client"]
+
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 1
+
+
+def make_chroma_client(*, path: Path | None = None, url: str | None = None) -> Any:
+    """An embedded (``path``) or server (``url``) Chroma client with telemetry off."""
+    try:
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+    except ImportError as exc:  # pragma: no cover - hard dependency
+        raise StorageError("chromadb is not installed: pip install hybridmem") from exc
+    chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+    try:
+        if url is not None:
+            parsed = urlparse(url)
+            return chromadb.HttpClient(
+                host=parsed.hostname or "127.0.0.1",
+                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+                ssl=parsed.scheme == "https",
+                settings=chroma_settings,
+            )
+        assert path is not None
+        path.mkdir(parents=True, exist_ok=True)
+        return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
+    except Exception as exc:
+        where = url or str(path)
+        raise StorageError(f"could not open the Chroma store at {where}: {exc}") from exc
+
+
+class ChromaVectorStore:
+    """Per-user collections in one Chroma client. Thread-safe; handles are cached per user."""
+
+    def __init__(
+        self,
+        *,
+        embedder_name: str,
+        dimension: int,
+        path: Path | None = None,
+        url: str | None = None,
+    ) -> None:
+        self._client = make_chroma_client(path=path, url=url)
+        self._embedder_name = embedder_name
+        self._dimension = dimension
+        self._collections: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # -- collections ---------------------------------------------------------------------------
+    def _collection(self, user_id: str, *, create: bool = True) -> Any | None:
+        name = user_key(user_id)
+        with self._lock:
+            if self._closed:
+                raise StorageError("the vector store is closed")
+            cached = self._collections.get(name)
+            if cached is not None:
+                return cached
+            try:
+                if create:
+                    collection = self._client.get_or_create_collection(
+                        name=name,
+                        embedding_function=None,
+                        configuration={"hnsw": {"space": "cosine"}},
+                        metadata={
+                            "user_id": user_id,
+                            "embedder": self._embedder_name,
+                            "dimension": self._dimension,
+                            "schema": SCHEMA_VERSION,
+                        },
+                    )
+                else:
+                    collection = self._client.get_collection(name=name, embedding_function=None)
+            except Exception as exc:
+                if not create and _is_not_found(exc):
+                    return None
+                raise StorageError(f"could not open the collection of {user_id!r}: {exc}") from exc
+            meta = collection.metadata or {}
+            if meta.get("embedder") != self._embedder_name or meta.get("dimension") != self._dimension:
+                raise EmbedderMismatchError(
+                    f"the memories of {user_id!r} were embedded with {meta.get('embedder')!r} "
+                    f"({meta.get('dimension')}-d) but {self._embedder_name!r} "
+                    f"({self._dimension}-d) is configured; configure the original embedder, or "
+                    "export the user, forget it and import the export to re-embed"
+                )
+            self._collections[name] = collection
+            return collection
+
+    def _existing(self, user_id: str) -> Any | None:
+        return self._collection(user_id, create=False)
+
+    # -- writes -------------------------------------------------------------------------------
+    def upsert(
+        self,
+        user_id: str,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        embeddings: Sequence[Sequence[float]],
+        metadatas: Sequence[dict[str, MetadataValue]],
+    ) -> None:
+        """Insert or replace records with our embeddings."""
+        if not ids:
+            return
+        collection = self._collection(user_id)
+        assert collection is not None
+        with _wrap("write to", user_id):
+            collection.upsert(
+                ids=list(ids),
+                documents=list(texts),
+                embeddings=[list(e) for e in embeddings],
+                metadatas=[_clean(m) for m in metadatas],
+            )
+
+    def update_metadata(
+        self, user_id: str, ids: Sequence[str], metadatas: Sequence[dict[str, MetadataValue]]
+    ) -> None:
+        """Replace the metadata of existing records (documents and vectors stay)."""
+        collection = self._existing(user_id)
+        if collection is None or not ids:
+            return
+        with _wrap("update", user_id):
+            collection.update(ids=list(ids), metadatas=[_clean(m) for m in metadatas])
+
+    def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Delete records by id (unknown ids are ignored)."""
+        collection = self._existing(user_id)
+        if collection is None or not ids:
+            return
+        with _wrap("delete from", user_id):
+            collection.delete(ids=list(ids))
+
+    def drop_user(self, user_id: str) -> None:
+        """Delete the user's whole collection."""
+        name = user_key(user_id)
+        with self._lock:
+            self._collections.pop(name, None)
+            try:
+                self._client.delete_collection(name=name)
+            except Exception as exc:
+                if not _is_not_found(exc):
+                    raise StorageError(f"could not delete the memories of {user_id!r}: {exc}") from exc
+
+    # -- reads --------------------------------------------------------------------------------
+    def get(
+        self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
+    ) -> list[StoredRecord]:
+        """Records by id (missing ids are skipped), in the order of ``ids``; ``where`` filters."""
+        collection = self._existing(user_id)
+        if collection is None or not ids:
+            return []
+        with _wrap("read from", user_id):
+            result = collection.get(
+                ids=list(ids), where=dict(where) if where else None,
+                include=["documents", "metadatas"],
+            )
+        records = {r.id: r for r in _records(result)}
+        return [records[i] for i in ids if i in records]
+
+    def list(
+        self,
+        user_id: str,
+        *,
+        where: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[StoredRecord]:
+        """Records matching ``where`` (all when None), in storage order."""
+        collection = self._existing(user_id)
+        if collection is None:
+            return []
+        with _wrap("read from", user_id):
+            result = collection.get(
+                where=dict(where) if where else None,
+                limit=limit,
+                offset=offset or None,
+                include=["documents", "metadatas"],
+            )
+        return _records(result)
+
+    def query(
+        self,
+        user_id: str,
+        embedding: Sequence[float],
+        *,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+    ) -> list[VectorHit]:
+        """The ``limit`` nearest records by cosine similarity, best first."""
+        collection = self._existing(user_id)
+        if collection is None:
+            return []
+        with _wrap("search", user_id):
+            result = collection.query(
+                query_embeddings=[list(embedding)],
+                n_results=limit,
+                where=dict(where) if where else None,
+                include=["documents", "metadatas", "distances"],
+            )
+        ids = result["ids"][0]
+        docs = result["documents"][0]
+        metas = result["metadatas"][0]
+        dists = result["distances"][0]
+        return [
+            VectorHit(StoredRecord(i, d or "", dict(m or {})), 1.0 - float(dist))
+            for i, d, m, dist in zip(ids, docs, metas, dists)
+        ]
+
+    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored vectors of ``ids`` (for export and near-duplicate checks)."""
+        collection = self._existing(user_id)
+        if collection is None or not ids:
+            return {}
+        with _wrap("read from", user_id):
+            result = collection.get(ids=list(ids), include=["embeddings"])
+        return {i: [float(x) for x in e] for i, e in zip(result["ids"], result["embeddings"])}
+
+    def count(self, user_id: str) -> int:
+        """Number of records of the user."""
+        collection = self._existing(user_id)
+        if collection is None:
+            return 0
+        with _wrap("count", user_id):
+            return int(collection.count())
+
+    def close(self) -> None:
+        """Forget cached handles; idempotent."""
+        with self._lock:
+            self._collections.clear()
+            self._closed = True
+
+
+def _clean(metadata: Mapping[str, MetadataValue]) -> dict[str, MetadataValue]:
+    """Chroma refuses None values: absent means None."""
+    return {k: v for k, v in metadata.items() if v is not None}
+
+
+def _records(result: Mapping[str, Any]) -> list[StoredRecord]:
+    return [
+        StoredRecord(i, d or "", dict(m or {}))
+        for i, d, m in zip(result["ids"], result["documents"], result["metadatas"])
+    ]
+
+
+def _is_not_found(exc: Exception) -> bool:
+    return type(exc).__name__ in {"NotFoundError", "InvalidCollectionException"} or (
+        "does not exist" in str(exc)
+    )
+
+
+class _wrap:
+    """Turn any Chroma failure into a StorageError that names the user and the operation."""
+
+    def __init__(self, what: str, user_id: str) -> None:
+        self._what = what
+        self._user = user_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and not isinstance(exc, StorageError) and isinstance(exc, Exception):
+            raise StorageError(f"could not {self._what} the memories of {self._user!r}: {exc}") from exc
+        return False

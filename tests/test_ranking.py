@@ -1,0 +1,65 @@
+"""Pure ranking functions: decay, fusion, explanations."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hybridmem.ranking import Candidate, Weights, decay, explain, fuse
+
+
+@given(st.floats(0, 1e5), st.floats(0, 1e5), st.floats(0.01, 1e4))
+def test_decay_is_monotone_and_bounded(a: float, b: float, half_life: float) -> None:
+    young, old = sorted((a, b))
+    assert 0.0 <= decay(old, half_life) <= decay(young, half_life) <= 1.0
+
+
+def test_decay_half_life() -> None:
+    assert decay(0, 30) == 1.0
+    assert abs(decay(30, 30) - 0.5) < 1e-12
+    assert decay(-5, 30) == 1.0
+
+
+def test_rrf_rewards_agreement() -> None:
+    both = Candidate("both", vector=0.5, vector_rank=2, lexical=3.0, lexical_rank=2)
+    vec_only = Candidate("vec", vector=0.9, vector_rank=1)
+    ranked = [c.memory_id for c, _ in fuse([vec_only, both], Weights())]
+    assert ranked == ["both", "vec"]
+
+
+def test_graph_only_candidate_is_ranked_and_explained() -> None:
+    g = Candidate("g", graph_hops=1, graph_rank=1, graph_path="alice -bought-> rog laptop")
+    (c, b), = fuse([g], Weights())
+    assert b.fused > 0 and b.graph == 0.5
+    assert "graph: alice -bought-> rog laptop (1 hop)" in explain(b)
+
+
+def test_recency_weight_zero_ignores_age_and_one_prefers_new() -> None:
+    old = Candidate("old", vector=0.8, vector_rank=1, age_days=300)
+    new = Candidate("new", vector=0.8, vector_rank=1, age_days=1)
+    flat = fuse([old, new], Weights(recency=0.0))
+    assert flat[0][1].fused == flat[1][1].fused
+    decayed = fuse([old, new], Weights(recency=1.0, half_life_days=30))
+    assert decayed[0][0].memory_id == "new"
+
+
+def test_confidence_and_importance_scale_scores() -> None:
+    sure = Candidate("sure", vector_rank=1, confidence=1.0)
+    unsure = Candidate("unsure", vector_rank=1, confidence=0.2)
+    assert fuse([unsure, sure], Weights())[0][0].memory_id == "sure"
+    hi = Candidate("hi", vector_rank=1, importance=1.0)
+    lo = Candidate("lo", vector_rank=1, importance=0.0)
+    assert fuse([lo, hi], Weights(importance=1.0))[0][0].memory_id == "hi"
+
+
+def test_weighted_fusion_mode() -> None:
+    a = Candidate("a", vector=0.9, vector_rank=1, lexical=1.0, lexical_rank=2)
+    b = Candidate("b", vector=0.2, vector_rank=2, lexical=5.0, lexical_rank=1)
+    ranked = fuse([a, b], Weights(fusion="weighted", vector=1.0, lexical=0.1))
+    assert ranked[0][0].memory_id == "a"
+
+
+def test_explain_mentions_each_signal() -> None:
+    c = Candidate("x", vector=0.71, vector_rank=2, lexical=2.0, lexical_rank=3, age_days=3)
+    (_, b), = fuse([c], Weights())
+    assert explain(b) == "vector 0.71 #2 · bm25 #3 · 3 days old"
