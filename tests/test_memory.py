@@ -1,0 +1,210 @@
+"""The Memory facade end to end, with real Chroma, real files and the real local embedder."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from hybridmem import (
+    EmbedderMismatchError,
+    HybridMemError,
+    InvalidInputError,
+    InvalidUserIdError,
+    Memory,
+    NotFoundError,
+    Settings,
+)
+from hybridmem.offline import HashEmbedder, LocalEmbedder
+
+
+def test_add_get_list_search_roundtrip(mem: Memory) -> None:
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    item = mem.add("client_123", "Bought a ROG Strix laptop for $1,899", category="purchase",
+                   importance=0.8, metadata={"order_id": "A-1"}, created_at=when)
+    assert item.text.startswith("Bought") and item.category == "purchase"
+    assert item.created_at == when and item.metadata == {"order_id": "A-1"}
+    assert mem.get("client_123", item.id) == item
+    mem.add_many("client_123", ["I live in Lyon", {"text": "I hate loud keyboards",
+                                                   "category": "preference"}])
+    assert [i.text for i in mem.list("client_123", category="preference")] == [
+        "I hate loud keyboards"
+    ]
+    hits = mem.search("client_123", "which computer did I purchase?", limit=2)
+    assert hits[0].item.id == item.id
+    assert hits[0].score > 0 and "vector" in hits[0].why
+    assert hits[0].breakdown.vector is not None
+    only = mem.search("client_123", "laptop", where={"order_id": "A-1"})
+    assert [h.item.id for h in only] == [item.id]
+    assert "MemoryItem(" in repr(item) and "Hit(" in repr(hits[0])
+
+
+def test_persistence_across_reopen(settings: Settings, embedder: LocalEmbedder) -> None:
+    with Memory(settings, embedder=embedder) as first:
+        item = first.add("u1", "My favourite colour is teal")
+    with Memory(settings, embedder=embedder) as second:
+        assert second.get("u1", item.id).text == "My favourite colour is teal"
+        assert second.search("u1", "what colour do I like?")[0].item.id == item.id
+
+
+def test_users_are_isolated(mem: Memory) -> None:
+    mem.add("alice", "Alice's secret: the safe code is 4412")
+    mem.add("bob", "Bob likes hiking")
+    for hit in mem.search("bob", "what is the safe code?", limit=10):
+        assert hit.item.user_id == "bob"
+    assert "4412" not in mem.context("bob", "safe code", max_tokens=500).text
+    alice_item = mem.list("alice")[0]
+    with pytest.raises(NotFoundError):
+        mem.get("bob", alice_item.id)
+
+
+def test_exact_duplicates_are_stored_once(mem: Memory) -> None:
+    a = mem.add("u", "I prefer matte screens.")
+    b = mem.add("u", "i prefer  MATTE screens")
+    assert a.id == b.id and b.mention_count == 2
+    assert mem.count("u") == 1
+    items = mem.add_many("u", ["Same thing twice", "same thing twice!"])
+    assert items[0].id == items[1].id and mem.count("u") == 2
+
+
+@pytest.mark.parametrize(
+    "user_id", ["", "   ", "a/b", "..", "x" * 300, "bad\x00id", "tab\tid", "c:\\x"]
+)
+def test_bad_user_ids_are_refused(mem: Memory, user_id: str) -> None:
+    with pytest.raises(InvalidUserIdError):
+        mem.add(user_id, "hello")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"text": ""},
+        {"text": "   "},
+        {"text": "x" * 20_001},
+        {"text": "ok", "importance": 1.5},
+        {"text": "ok", "confidence": -0.1},
+        {"text": "ok", "metadata": {"nested": {"a": 1}}},
+        {"text": "ok", "metadata": {"bad key!": 1}},
+        {"text": "ok", "metadata": {"f": float("nan")}},
+        {"text": "ok", "kind": "poem"},
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_written(mem: Memory, kwargs: dict) -> None:
+    text = kwargs.pop("text")
+    with pytest.raises(InvalidInputError):
+        mem.add("u", text, **kwargs)
+    assert mem.count("u") == 0
+
+
+def test_bad_limits_and_filters(mem: Memory) -> None:
+    mem.add("u", "hello world")
+    for limit in (0, -1, 10_000, True):
+        with pytest.raises(InvalidInputError):
+            mem.search("u", "hello", limit=limit)
+    with pytest.raises(InvalidInputError):
+        mem.search("u", "hello", where={"$bogus": 1})
+    with pytest.raises(InvalidInputError):
+        mem.context("u", "hello", max_tokens=0)
+
+
+def test_update_and_forget_one(mem: Memory) -> None:
+    item = mem.add("u", "I live in Paris")
+    updated = mem.update("u", item.id, text="I live in Berlin", importance=0.9)
+    assert updated.text == "I live in Berlin" and updated.importance == 0.9
+    assert mem.search("u", "Berlin")[0].item.id == item.id
+    assert mem.forget("u", item.id) == 1
+    with pytest.raises(NotFoundError):
+        mem.get("u", item.id)
+    with pytest.raises(NotFoundError):
+        mem.forget("u", item.id)
+
+
+def test_forget_user_removes_everything(mem: Memory, settings: Settings) -> None:
+    mem.add_many("gone", ["I bought a Dell monitor", "I live in Lyon"])
+    mem.add("stays", "I bought a Dell monitor")
+    assert mem.forget("gone") == 2
+    assert mem.count("gone") == 0 and mem.search("gone", "monitor") == []
+    assert mem.count("stays") == 1
+    user_dirs = list((settings.data_dir / "users").iterdir())
+    assert len(user_dirs) == 1  # only "stays" keeps files
+
+
+def test_graph_reaches_a_memory_without_shared_words(mem: Memory) -> None:
+    mem.add_many("bob", [
+        "Agent: The CalDigit TS4 dock pairs well with your ThinkPad X1 Carbon over Thunderbolt 4.",
+        "bob: Since the last BIOS update my ThinkPad X1 Carbon keeps dropping Wi-Fi.",
+        "bob: I ordered a standing desk for the home office.",
+        "bob: My daughter Mei starts school in September.",
+    ])
+    hits = mem.search("bob", "has the computer I connect to my CalDigit TS4 given me trouble?", limit=4)
+    wifi = next(h for h in hits if "Wi-Fi" in h.item.text)
+    assert wifi.breakdown.graph_hops is not None and "graph" in wifi.why
+
+
+def test_context_respects_budget_and_explains(mem: Memory) -> None:
+    mem.add_many("c", [f"Order {i}: bought item number {i} for ${i}0" for i in range(40)])
+    ctx = mem.context("c", "what did I buy?", max_tokens=120)
+    assert ctx.tokens <= 120 and ctx.tokens == mem.tokens.count(ctx.text)
+    assert ctx.lines and all(line.why for line in ctx.lines if line.memory_id)
+    assert ctx.text.startswith("<memory>")
+
+
+def test_embedder_mismatch_is_refused_with_advice(settings: Settings, embedder: LocalEmbedder) -> None:
+    with Memory(settings, embedder=embedder) as first:
+        first.add("u", "hello")
+    with Memory(settings, embedder=HashEmbedder(384)) as second:
+        with pytest.raises(EmbedderMismatchError, match="re-embed"):
+            second.search("u", "hello")
+
+
+def test_export_import_roundtrip(mem: Memory, tmp_path: Path, embedder: LocalEmbedder) -> None:
+    mem.add_many("src", [
+        {"text": "I bought the ROG laptop", "category": "purchase", "metadata": {"sku": "R1"}},
+        {"text": "I live in Lyon", "category": "identity", "importance": 0.9},
+    ])
+    bundle = json.loads(json.dumps(mem.export("src")))
+    with Memory(Settings(data_dir=tmp_path / "other"), embedder=embedder) as other:
+        assert other.import_("src", bundle) == 2
+        again = other.export("src")
+    strip = lambda b: [{k: v for k, v in m.items()} for m in b["memories"]]  # noqa: E731
+    assert strip(again) == strip(bundle)
+    assert again["graph"] == bundle["graph"]
+    with pytest.raises(InvalidInputError):
+        mem.import_("x", {"memories": []})
+
+
+def test_closed_memory_refuses_use(settings: Settings, embedder: LocalEmbedder) -> None:
+    m = Memory(settings, embedder=embedder)
+    m.close()
+    m.close()  # idempotent
+    with pytest.raises(HybridMemError, match="closed"):
+        m.add("u", "x")
+
+
+def test_concurrent_adds_from_threads(mem: Memory) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(5):
+                mem.add("shared", f"thread {n} memory {i} about product {n * 10 + i}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and mem.count("shared") == 30
+
+
+def test_expired_memories_are_not_returned(mem: Memory) -> None:
+    past = datetime.now(timezone.utc) - timedelta(days=1)
+    mem.add("u", "flash sale code SUMMER10", expires_at=past)
+    mem.add("u", "regular discount code WELCOME5")
+    texts = [h.item.text for h in mem.search("u", "discount code", limit=5)]
+    assert texts == ["regular discount code WELCOME5"]
