@@ -38,6 +38,7 @@ _PLAIN_FIELDS = (
     "access_count",
     "needs_extraction",
     "extractor",
+    "key",
 )
 #: Fields a ``where`` filter may name directly (anything else is caller metadata).
 FILTERABLE = frozenset(_PLAIN_FIELDS) | {f"{name}_ts" for name in _TIME_FIELDS} | {"current"}

@@ -66,6 +66,13 @@ class Settings(BaseSettings):
         default="auto", description="auto: llm when an endpoint is configured, else rules."
     )
 
+    # write policy (see hybridmem.policy)
+    dedup: bool = Field(default=True, description="Merge identical and near-duplicate facts.")
+    dedup_jaccard: float = Field(default=0.6, ge=0, le=1)
+    dedup_cosine: float = Field(default=0.92, ge=0, le=1)
+    judge: bool = Field(default=True, description="Ask the LLM about facts in the cosine band.")
+    judge_band_min: float = Field(default=0.75, ge=0, le=1)
+
     # ranking (see hybridmem.ranking for the formula)
     candidates: int = Field(default=50, ge=1, le=1000)
     vector_weight: float = Field(default=1.0, ge=0)

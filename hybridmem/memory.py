@@ -9,11 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from hybridmem import _records
+import numpy as np
+
+from hybridmem import _records, policy
 from hybridmem._files import remove_tree, user_dir
 from hybridmem.config import Settings
 from hybridmem.context import ContextCandidate, build_context
@@ -29,8 +32,10 @@ from hybridmem.models import (
     ChatReply,
     Context,
     Extraction,
+    HistoryEvent,
     Hit,
     MemoryItem,
+    Relation,
     Usage,
     as_utc,
     new_id,
@@ -58,6 +63,12 @@ EXPORT_VERSION = 1
 MAX_LIMIT = 1000
 #: How many of the top hits lend their entities to graph expansion.
 GRAPH_SEED_HITS = 5
+#: Most texts sent to an LLM extractor in one call.
+EXTRACT_BATCH = 16
+#: Key facts offered to a context beyond those the search found.
+MAX_CONTEXT_FACTS = 10
+#: Buffered memory accesses written to the store at once.
+ACCESS_FLUSH = 512
 
 
 def _check_limit(limit: int, name: str = "limit") -> int:
@@ -122,6 +133,12 @@ class Memory:
             importance=s.importance_weight,
             rrf_k=s.rrf_k,
         )
+        from hybridmem.history import HistoryStore
+
+        self.history_store = HistoryStore(s.data_dir)
+        #: Token usage of every model call made by this Memory (extraction, judge, chat).
+        self.usage = Usage()
+        self._access: dict[str, dict[str, tuple[int, datetime]]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._closed = False
@@ -174,9 +191,12 @@ class Memory:
         """Release stores; idempotent. A closed Memory refuses use."""
         if self._closed:
             return
-        self._closed = True
-        for store in (self.vectors, self.lexical, self.graph):
-            store.close()
+        try:
+            self.flush_access()
+        finally:
+            self._closed = True
+            for store in (self.vectors, self.lexical, self.graph, self.history_store):
+                store.close()
 
     def __enter__(self) -> Memory:
         return self
@@ -238,66 +258,246 @@ class Memory:
     ) -> list[MemoryItem]:
         """Store many memories in one batch (one embedding call, one write per store).
 
-        Each item is a text or a dict of :meth:`add`'s fields. Texts equal up to case, spacing and
-        punctuation to a current memory are not stored twice: the existing memory is returned with
-        its ``mention_count`` bumped.
+        Each item is a text or a dict of :meth:`add`'s fields. Facts equal to a current memory up to
+        case, spacing and punctuation, or near-duplicates of one (token Jaccard / cosine above the
+        configured bars), are merged into it instead of stored twice; a fact that contradicts an
+        older one supersedes it (see :mod:`hybridmem.policy`). Conversation turns are never merged.
+        Returns one item per input, in order (a merged input returns the memory it merged into).
         """
         self._check(user_id)
         requests = [_to_request(item) for item in items]
         if not requests:
             return []
-        now = utcnow()
         with self._lock(user_id):
-            existing = self._existing_by_hash(user_id, [r.text for r in requests])
-            results: list[MemoryItem | None] = []
-            fresh: list[MemoryItem] = []
-            bumped: dict[str, MemoryItem] = {}
-            batch_hashes: dict[str, MemoryItem] = {}
-            for r in requests:
-                h = _records.text_hash(r.text)
-                if h in existing:
-                    base = bumped.get(existing[h].id, existing[h])
-                    updated = base.model_copy(
-                        update={
-                            "mention_count": base.mention_count + 1,
-                            "confidence": max(base.confidence, r.confidence),
-                            "importance": max(base.importance, r.importance),
-                            "updated_at": now,
-                        }
-                    )
-                    bumped[base.id] = updated
-                    results.append(updated)
-                    continue
-                if h in batch_hashes:
-                    results.append(batch_hashes[h])
-                    continue
-                created = r.created_at or now
-                item = MemoryItem(
-                    id=new_id(),
-                    user_id=user_id,
-                    text=r.text,
-                    kind=r.kind,
-                    category=r.category,
-                    importance=r.importance,
-                    confidence=r.confidence,
-                    source=r.source,
-                    created_at=created,
-                    updated_at=created,
-                    valid_from=created,
-                    expires_at=r.expires_at,
-                    metadata=r.metadata,
-                )
-                batch_hashes[h] = item
-                fresh.append(item)
-                results.append(item)
-            fresh = self._extract_and_write(user_id, fresh, infer=infer)
-            by_id = {item.id: item for item in fresh}
-            if bumped:
+            return self._write(user_id, requests, infer=infer)
+
+    def _write(
+        self,
+        user_id: str,
+        requests: Sequence[AddRequest],
+        *,
+        infer: bool,
+        key: str | None = None,
+        cause: str = "add",
+    ) -> list[MemoryItem]:
+        now = utcnow()
+        plan = _WritePlan()
+        existing = self._existing_by_hash(user_id, [r.text for r in requests if r.kind != "turn"])
+        by_hash: dict[str, str] = {}
+        order: list[str] = []
+        for r in requests:
+            h = _records.text_hash(r.text)
+            target = None
+            if r.kind != "turn" and self.settings.dedup:
+                target = by_hash.get(h) or (existing[h].id if h in existing else None)
+            if target is not None:
+                base = plan.items.get(target) or existing[h]
+                plan.touch(_bump(base, r, now), event=("merge", "identical text"))
+                order.append(target)
+                continue
+            item = _new_item(user_id, r, now, key=key)
+            plan.add_fresh(item)
+            by_hash[h] = item.id
+            order.append(item.id)
+        if plan.fresh:
+            vectors = self._embed([plan.items[i].text for i in plan.fresh])
+            plan.vectors.update(zip(plan.fresh, vectors))
+            if self.settings.dedup:
+                self._merge_near_duplicates(user_id, plan, now)
+            self._extract_into(user_id, plan, infer=infer)
+        self._apply(user_id, plan, cause=cause)
+        if plan.fresh:
+            self._supersede_contradictions(user_id, plan)
+        return [plan.items[plan.merged_into.get(i, i)] for i in order]
+
+    def _merge_near_duplicates(self, user_id: str, plan: _WritePlan, now: datetime) -> None:
+        """Merge fresh facts into near-identical current facts (stored or earlier in the batch)."""
+        s = self.settings
+        facts = [i for i in plan.fresh if plan.items[i].kind == "fact"]
+        if not facts:
+            return
+        where = {"$and": [{"current": True}, {"kind": "fact"}]}
+        stored = self.vectors.query_batch(
+            user_id, [plan.vectors[i] for i in facts], limit=3, where=where
+        )
+        seen: list[str] = []
+        for memory_id, hits in zip(facts, stored):
+            item = plan.items[memory_id]
+            best: tuple[float, MemoryItem] | None = None
+            for hit in hits:
+                other = plan.items.get(hit.record.id) or _records.from_record(hit.record)
+                if policy.near_duplicate(
+                    item.text, other.text, hit.similarity,
+                    jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine,
+                ):
+                    best = (hit.similarity, other)
+                    break
+                if s.judge_band_min <= hit.similarity and self._judge_available():
+                    verdict = self._judge(other.text, item.text, plan)
+                    if verdict == "DUPLICATE":
+                        best = (hit.similarity, other)
+                        break
+                    if verdict == "UPDATE":
+                        plan.supersede(other, item, cause="LLM judged it an update")
+            if best is None and seen:
+                sims = np.asarray([plan.vectors[e] for e in seen]) @ np.asarray(plan.vectors[memory_id])
+                for index in np.argsort(-sims)[:3]:
+                    prior = plan.items[seen[int(index)]]
+                    if policy.near_duplicate(
+                        item.text, prior.text, float(sims[index]),
+                        jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine,
+                    ):
+                        best = (float(sims[index]), prior)
+                        break
+            if best is None:
+                seen.append(memory_id)
+                continue
+            plan.merge(item, best[1], now, cosine=best[0])
+
+    def _judge_available(self) -> bool:
+        return self.settings.llm_configured and self.settings.judge
+
+    def _judge(self, old: str, new: str, plan: _WritePlan) -> policy.Verdict | None:
+        """One structured call: is ``new`` an update, a duplicate, or a separate fact?"""
+        messages = [
+            {"role": "system", "content": policy.JUDGE_PROMPT},
+            {"role": "user", "content": f"OLD: {old}\nNEW: {new}"},
+        ]
+        try:
+            result = self.chat_model.complete(messages, json_schema=policy.JUDGE_SCHEMA,
+                                              schema_name="memory_judgement")
+        except BackendError as exc:
+            log.warning("the dedup judge failed (%s); keeping both", type(exc).__name__)
+            return None
+        self.usage = self.usage + result.usage
+        return policy.parse_verdict(result.text)
+
+    def _extract_into(self, user_id: str, plan: _WritePlan, *, infer: bool) -> None:
+        ids = [i for i in plan.fresh if i not in plan.merged_into] + plan.rewritten
+        items, found = self._extract(user_id, [plan.items[i] for i in ids], infer=infer)
+        for item, extraction in zip(items, found):
+            plan.items[item.id] = item
+            plan.extractions[item.id] = extraction
+
+    def _apply(self, user_id: str, plan: _WritePlan, *, cause: str) -> None:
+        """Write the plan: vectors first (the source of truth), then lexical, graph, history."""
+        writes = [i for i in plan.fresh if i not in plan.merged_into] + plan.rewritten
+        updates = [i for i in plan.touched if i not in writes]
+        if writes:
+            items = [plan.items[i] for i in writes]
+            self.vectors.upsert(
+                user_id, writes, [i.text for i in items], [plan.vectors[i] for i in writes],
+                [_records.to_metadata(i) for i in items],
+            )
+            try:
+                self.lexical.add(user_id, writes, [i.text for i in items])
+                if plan.rewritten:
+                    self.graph.remove_memory(user_id, plan.rewritten)
+                self.graph.add_extractions(user_id, [(i, plan.extractions[i]) for i in writes])
+            except Exception:
+                new = [i for i in writes if i not in plan.rewritten]
+                self.vectors.delete(user_id, new)
+                self.lexical.delete(user_id, new)
+                raise
+        if updates:
+            self.vectors.update_metadata(
+                user_id, updates, [_records.to_metadata(plan.items[i]) for i in updates]
+            )
+        if plan.superseded:
+            self.graph.remove_memory(user_id, plan.superseded)
+        events = [
+            HistoryEvent(memory_id=i, action="add", cause=cause, text=plan.items[i].text,
+                         at=plan.items[i].created_at)
+            for i in plan.fresh if i not in plan.merged_into
+        ]
+        self.history_store.record(user_id, events + plan.events)
+
+    def _supersede_contradictions(self, user_id: str, plan: _WritePlan) -> None:
+        """Rule path: a functional relation (lives_in, works_at ...) with a new object supersedes
+        the older memory that stated the old object. The later ``valid_from`` wins."""
+        late = _WritePlan()
+        for memory_id in plan.fresh:
+            if memory_id in plan.merged_into or not plan.items[memory_id].is_current:
+                continue
+            for rel in policy.functional(plan.extractions.get(memory_id, Extraction()).relations):
+                for old_id, old_rel in self._relations_of(user_id, rel.subject, rel.predicate):
+                    if old_id == memory_id or not policy.conflicting(rel, old_rel):
+                        continue
+                    records = self.vectors.get(user_id, [old_id], where={"current": True})
+                    if not records:
+                        continue
+                    old = late.items.get(old_id) or _records.from_record(records[0])
+                    new = late.items.get(memory_id) or plan.items[memory_id]
+                    if not old.is_current or not new.is_current:
+                        continue
+                    older, newer = sorted((old, new), key=lambda i: (i.valid_from or i.created_at))
+                    late.supersede(older, newer, cause=f"{rel.predicate} changed")
+        if late.touched:
+            self.vectors.update_metadata(
+                user_id, late.touched, [_records.to_metadata(late.items[i]) for i in late.touched]
+            )
+            self.graph.remove_memory(user_id, late.superseded)
+            self.history_store.record(user_id, late.events)
+
+    def _relations_of(self, user_id: str, subject: str, predicate: str) -> list[tuple[str, Relation]]:
+        """(memory id, relation) for every stored edge ``subject -predicate-> *``."""
+        node = self.graph.entity(user_id, subject) if hasattr(self.graph, "entity") else None
+        if not node:
+            return []
+        out = []
+        for row in self.graph.relations(user_id, node.get("memory_ids", [])):
+            if row["subject_key"] != node["key"] or row["predicate"] != predicate:
+                continue
+            rel = Relation(subject=row["subject"], predicate=predicate, object=row["object"])
+            out.extend((m, rel) for m in row["memory_ids"])
+        return out
+
+    def remember(
+        self,
+        user_id: str,
+        key: str,
+        value: str,
+        *,
+        category: str = "general",
+        confidence: float = 1.0,
+        importance: float = 0.8,
+    ) -> MemoryItem:
+        """Upsert a key fact: one current value per ``key``; older values stay as superseded history."""
+        self._check(user_id)
+        key = validate_text(key, what="key").strip()
+        if len(key) > 100:
+            raise InvalidInputError("key must be at most 100 characters")
+        request = _to_request({
+            "text": f"{key}: {validate_text(value, what='value')}", "category": category,
+            "confidence": confidence, "importance": importance, "source": "user",
+        })
+        with self._lock(user_id):
+            old = [
+                _records.from_record(r)
+                for r in self.vectors.list(user_id, where={"$and": [{"key": key}, {"current": True}]})
+            ]
+            if old and old[0].text == request.text:
+                return old[0]
+            (item,) = self._write(user_id, [request], infer=False, key=key, cause="remember")
+            late = _WritePlan()
+            for prior in old:
+                late.supersede(prior, item, cause=f"new value for {key!r}")
+            if late.touched:
                 self.vectors.update_metadata(
-                    user_id, list(bumped), [_records.to_metadata(i) for i in bumped.values()]
+                    user_id, late.touched, [_records.to_metadata(late.items[i]) for i in late.touched]
                 )
-        final = [by_id.get(r.id, bumped.get(r.id, r)) if r else r for r in results]
-        return [r for r in final if r is not None]
+                self.graph.remove_memory(user_id, late.superseded)
+                self.history_store.record(user_id, late.events)
+            return item
+
+    def facts(self, user_id: str, *, category: str | None = None) -> list[MemoryItem]:
+        """The user's current key facts (see :meth:`remember`)."""
+        self._check(user_id)
+        flt = _records.and_filters({"current": True}, {"category": category} if category else None)
+        return sorted(
+            (i for i in map(_records.from_record, self.vectors.list(user_id, where=flt)) if i.key),
+            key=lambda i: i.key or "",
+        )
 
     def add_messages(
         self, user_id: str, messages: Sequence[Mapping[str, str]], *, infer: bool = True
@@ -315,57 +515,51 @@ class Memory:
 
     def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
         hashes = sorted({_records.text_hash(t) for t in texts})
-        where = {"$and": [{"text_hash": {"$in": hashes}}, {"current": True}]}
+        if not hashes:
+            return {}
+        where = {"$and": [
+            {"text_hash": {"$in": hashes}}, {"current": True}, {"kind": {"$ne": "turn"}}
+        ]}
         records = self.vectors.list(user_id, where=where)
         return {r.metadata["text_hash"]: _records.from_record(r) for r in records}  # type: ignore[misc]
 
     def _extract(
         self, user_id: str, items: list[MemoryItem], *, infer: bool
     ) -> tuple[list[MemoryItem], list[Extraction]]:
-        """Extract entities; a failing model never loses a memory (it is marked for re-extraction)."""
+        """Extract entities, at most :data:`EXTRACT_BATCH` texts per model call. A failing model
+        never loses a memory: the rules extract instead and the memory is marked for re-extraction.
+        ``infer=False`` never calls a model (the rules still run: they are cheap and offline)."""
         extractor = self.extractor
-        if extractor is None:
+        if extractor is None or not items:
             return items, [Extraction() for _ in items]
         if not infer and not extractor.name.startswith("rules"):
             extractor = self._rule_extractor()
-        speakers = [user_id if i.source == "user" else i.source for i in items]
-        try:
-            batch = getattr(extractor, "extract_batch", None)
-            if batch is not None and len(items) > 1:
-                found: list[Extraction] = batch([i.text for i in items], speakers)
-            else:
-                found = [extractor.extract(i.text, speaker=s) for i, s in zip(items, speakers)]
-            return [i.model_copy(update={"extractor": extractor.name}) for i in items], found
-        except BackendError as exc:
-            log.warning("extraction with %s failed (%s); using rules, marked for re-extraction",
-                        extractor.name, type(exc).__name__)
-            rules = self._rule_extractor()
-            found = [rules.extract(i.text, speaker=s) for i, s in zip(items, speakers)]
-            marked = [
-                i.model_copy(update={"needs_extraction": True, "extractor": rules.name})
-                for i in items
-            ]
-            return marked, found
-
-    def _extract_and_write(
-        self, user_id: str, items: list[MemoryItem], *, infer: bool
-    ) -> list[MemoryItem]:
-        if not items:
-            return []
-        items, extractions = self._extract(user_id, items, infer=infer)
-        vectors = self._embed([i.text for i in items])
-        ids = [i.id for i in items]
-        self.vectors.upsert(
-            user_id, ids, [i.text for i in items], vectors, [_records.to_metadata(i) for i in items]
-        )
-        try:
-            self.lexical.add(user_id, ids, [i.text for i in items])
-            self.graph.add_extractions(user_id, list(zip(ids, extractions)))
-        except Exception:
-            self.vectors.delete(user_id, ids)
-            self.lexical.delete(user_id, ids)
-            raise
-        return items
+        out_items: list[MemoryItem] = []
+        out_found: list[Extraction] = []
+        batch = getattr(extractor, "extract_batch", None)
+        for start in range(0, len(items), EXTRACT_BATCH):
+            chunk = items[start : start + EXTRACT_BATCH]
+            speakers = [user_id if i.source == "user" else i.source for i in chunk]
+            try:
+                if batch is not None and len(chunk) > 1:
+                    found: list[Extraction] = batch([i.text for i in chunk], speakers)
+                else:
+                    found = [extractor.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
+                marked = [i.model_copy(update={"extractor": extractor.name}) for i in chunk]
+            except BackendError as exc:
+                log.warning("extraction with %s failed (%s); rules used, marked for re-extraction",
+                            extractor.name, type(exc).__name__)
+                rules = self._rule_extractor()
+                found = [rules.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
+                marked = [
+                    i.model_copy(update={"needs_extraction": True, "extractor": rules.name})
+                    for i in chunk
+                ]
+            for extraction in found:
+                self.usage = self.usage + extraction.usage
+            out_items.extend(marked)
+            out_found.extend(found)
+        return out_items, out_found
 
     def _embed(self, texts: Sequence[str]) -> list[list[float]]:
         try:
@@ -408,11 +602,14 @@ class Memory:
                 updated = MemoryItem.model_validate({**item.model_dump(), **changes})
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from exc
+            plan = _WritePlan()
+            plan.touch(updated, event=("update", "updated by the caller"))
             if text is not None and text != item.text:
-                self.graph.remove_memory(user_id, [memory_id])
-                self._extract_and_write(user_id, [updated], infer=True)
-            else:
-                self.vectors.update_metadata(user_id, [memory_id], [_records.to_metadata(updated)])
+                plan.touched.remove(memory_id)
+                plan.rewritten.append(memory_id)
+                plan.vectors[memory_id] = self._embed([updated.text])[0]
+                self._extract_into(user_id, plan, infer=True)
+            self._apply(user_id, plan, cause="update")
             return self.get(user_id, memory_id)
 
     def forget(self, user_id: str, memory_id: str | None = None) -> int:
@@ -421,16 +618,67 @@ class Memory:
         with self._lock(user_id):
             if memory_id is not None:
                 self.get(user_id, memory_id)
-                self.vectors.delete(user_id, [memory_id])
-                self.lexical.delete(user_id, [memory_id])
-                self.graph.remove_memory(user_id, [memory_id])
+                self._delete(user_id, [memory_id], action="delete", cause="deleted by the caller")
                 return 1
             count = self.vectors.count(user_id)
+            self._access.pop(user_id, None)
             self.vectors.drop_user(user_id)
             self.lexical.drop_user(user_id)
             self.graph.drop_user(user_id)
+            self.history_store.drop_user(user_id)
             remove_tree(user_dir(self.settings.data_dir, user_id, create=False))
+            purge = getattr(self.vectors, "purge", None)
+            if purge is not None:
+                purge()  # embedded Chroma keeps deleted rows in free pages until VACUUM
             return count
+
+    def _delete(self, user_id: str, ids: Sequence[str], *, action: str, cause: str) -> None:
+        """Delete memories from every store; their history keeps the event, not the text."""
+        self.vectors.delete(user_id, ids)
+        self.lexical.delete(user_id, ids)
+        self.graph.remove_memory(user_id, ids)
+        self.history_store.scrub(user_id, ids)
+        self.history_store.record(user_id, [
+            HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
+        ])
+
+    def history(self, user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+        """What happened to the user's memories (add, merge, update, supersede, expire, delete),
+        oldest first; one memory's events when ``memory_id`` is given."""
+        self._check(user_id)
+        return self.history_store.list(user_id, memory_id)
+
+    def prune(
+        self,
+        user_id: str,
+        *,
+        dry_run: bool = True,
+        min_importance: float = 0.1,
+        idle_days: float = 120.0,
+    ) -> list[MemoryItem]:
+        """Apply the retention policy: expired memories, and memories with importance below
+        ``min_importance`` not accessed (or created) for ``idle_days``. Returns what is (or, with
+        ``dry_run``, would be) removed."""
+        self._check(user_id)
+        self.flush_access()
+        now = utcnow()
+        cutoff = now - timedelta(days=idle_days)
+        with self._lock(user_id):
+            doomed = []
+            for item in map(_records.from_record, self.vectors.list(user_id)):
+                expired = item.expires_at is not None and item.expires_at <= now
+                seen = item.last_accessed_at or item.created_at
+                if expired or (item.importance < min_importance and seen < cutoff):
+                    doomed.append(item)
+            if not dry_run and doomed:
+                expired_ids = [i.id for i in doomed if i.expires_at is not None and i.expires_at <= now]
+                idle_ids = [i.id for i in doomed if i.id not in expired_ids]
+                if expired_ids:
+                    self._delete(user_id, expired_ids, action="expire", cause="expires_at passed")
+                if idle_ids:
+                    self._delete(user_id, idle_ids, action="delete",
+                                 cause=f"pruned: importance < {min_importance}, idle {idle_days} days")
+            return doomed
 
     # -- reads -----------------------------------------------------------------------------------
     def get(self, user_id: str, memory_id: str) -> MemoryItem:
@@ -531,10 +779,42 @@ class Memory:
             c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
             c.importance, c.confidence = item.importance, item.confidence
         ranked = fuse(list(cands.values()), self.weights)[:limit]
+        self._note_access(user_id, [c.memory_id for c, _ in ranked], now)
         return [
             Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
             for c, b in ranked
         ]
+
+    def _note_access(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
+        """Count returned memories in memory; written to the store in batches (see flush_access),
+        so search never waits for a write."""
+        with self._locks_guard:
+            seen = self._access.setdefault(user_id, {})
+            for memory_id in ids:
+                count, _ = seen.get(memory_id, (0, now))
+                seen[memory_id] = (count + 1, now)
+            pending = sum(len(v) for v in self._access.values())
+        if pending >= ACCESS_FLUSH:
+            self.flush_access()
+
+    def flush_access(self) -> None:
+        """Write buffered access counts and last-accessed times (also done on close)."""
+        with self._locks_guard:
+            pending, self._access = self._access, {}
+        for user_id, seen in pending.items():
+            with self._lock(user_id):
+                records = self.vectors.get(user_id, list(seen))
+                items = []
+                for record in records:
+                    item = _records.from_record(record)
+                    count, when = seen[item.id]
+                    items.append(item.model_copy(update={
+                        "access_count": item.access_count + count, "last_accessed_at": when,
+                    }))
+                if items:
+                    self.vectors.update_metadata(
+                        user_id, [i.id for i in items], [_records.to_metadata(i) for i in items]
+                    )
 
     def _graph_candidates(
         self, user_id: str, query: str, found: list[str], cand: Any, pool: int
@@ -565,21 +845,33 @@ class Memory:
         where: Mapping[str, Any] | None = None,
         category: str | None = None,
         limit: int = 30,
+        include_superseded: bool = False,
     ) -> Context:
-        """The best memories for ``query`` packed into at most ``max_tokens`` tokens (exact)."""
+        """The best memories for ``query`` packed into at most ``max_tokens`` tokens (exact).
+
+        Sections: key facts (see :meth:`remember`), relations of the top memories, conversation
+        summaries, then memories with their dates. Only currently valid memories are shown unless
+        ``include_superseded``; superseded ones are then labelled as such."""
         budget = self.settings.context_max_tokens if max_tokens is None else max_tokens
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise InvalidInputError(f"max_tokens must be a positive integer, got {budget!r}")
-        hits = self.search(user_id, query, limit=limit, where=where, category=category)
+        hits = self.search(user_id, query, limit=limit, where=where, category=category,
+                           include_superseded=include_superseded)
         memories = [
-            ContextCandidate("memories", _line(h.item), h.item.id, h.why) for h in hits
+            ContextCandidate(_section(h.item), _line(h.item), h.item.id, h.why) for h in hits
+        ]
+        hit_ids = {h.item.id for h in hits}
+        facts = [
+            ContextCandidate("facts", _line(f), f.id, "key fact")
+            for f in self.facts(user_id, category=category)[:MAX_CONTEXT_FACTS]
+            if f.id not in hit_ids
         ]
         relations = [
             ContextCandidate("relations", f"{r['subject']} -{r['predicate']}-> {r['object']}",
                              None, "graph relation of the top memories")
             for r in self.graph.relations(user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]])
         ][:8]
-        ordered = memories[:3] + relations + memories[3:]
+        ordered = memories[:3] + relations + memories[3:] + facts
         return build_context(ordered, counter=self.tokens, max_tokens=budget)
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
@@ -630,6 +922,7 @@ class Memory:
     def export(self, user_id: str) -> dict[str, Any]:
         """Everything of the user as JSON-ready data that :meth:`import_` loads back."""
         self._check(user_id)
+        self.flush_access()
         with self._lock(user_id):
             items = [_records.from_record(r) for r in self.vectors.list(user_id)]
             items.sort(key=lambda i: (i.created_at, i.id))
@@ -640,7 +933,9 @@ class Memory:
                 "exported_at": utcnow().isoformat(),
                 "embedder": self.embedder.name,
                 "memories": [i.model_dump(mode="json") for i in items],
+                "facts": {i.key: i.id for i in items if i.key and i.is_current},
                 "graph": self.graph.export(user_id),
+                "history": [e.model_dump(mode="json") for e in self.history_store.list(user_id)],
             }
 
     def import_(self, user_id: str, bundle: Mapping[str, Any]) -> int:
@@ -654,6 +949,7 @@ class Memory:
                 MemoryItem.model_validate({**m, "user_id": user_id})
                 for m in bundle.get("memories", [])
             ]
+            events = [HistoryEvent.model_validate(e) for e in bundle.get("history", [])]
         except ValueError as exc:
             raise InvalidInputError(f"invalid memory in export: {exc}") from exc
         with self._lock(user_id):
@@ -666,11 +962,97 @@ class Memory:
                     [_records.to_metadata(i) for i in chunk],
                 )
                 self.lexical.add(user_id, ids, [i.text for i in chunk])
+            self.history_store.record(user_id, events)
             graph = bundle.get("graph")
             importer = getattr(self.graph, "import_graph", None)
             if graph and importer is not None:
                 importer(user_id, graph)
         return len(items)
+
+
+@dataclass
+class _WritePlan:
+    """Everything one write batch will change, decided before anything is written."""
+
+    items: dict[str, MemoryItem] = field(default_factory=dict)
+    fresh: list[str] = field(default_factory=list)
+    vectors: dict[str, list[float]] = field(default_factory=dict)
+    extractions: dict[str, Extraction] = field(default_factory=dict)
+    touched: list[str] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)
+    merged_into: dict[str, str] = field(default_factory=dict)
+    superseded: list[str] = field(default_factory=list)
+    events: list[HistoryEvent] = field(default_factory=list)
+
+    def add_fresh(self, item: MemoryItem) -> None:
+        self.items[item.id] = item
+        self.fresh.append(item.id)
+
+    def touch(self, item: MemoryItem, event: tuple[str, str] | None = None) -> None:
+        self.items[item.id] = item
+        if item.id not in self.fresh and item.id not in self.touched:
+            self.touched.append(item.id)
+        if event is not None:
+            self.events.append(HistoryEvent(memory_id=item.id, action=event[0], cause=event[1]))  # type: ignore[arg-type]
+
+    def merge(self, new: MemoryItem, into: MemoryItem, now: datetime, *, cosine: float) -> None:
+        """Fold the fresh ``new`` into ``into``: richer text, union of metadata, counts bumped."""
+        text = policy.richer_text(into.text, new.text)
+        merged = into.model_copy(update={
+            "text": text,
+            "mention_count": into.mention_count + new.mention_count,
+            "confidence": max(into.confidence, new.confidence),
+            "importance": max(into.importance, new.importance),
+            "metadata": policy.merge_metadata(into.metadata, new.metadata),
+            "updated_at": now,
+        })
+        self.merged_into[new.id] = into.id
+        self.items[into.id] = merged
+        if text != into.text:
+            self.vectors[into.id] = self.vectors[new.id]
+            if into.id not in self.fresh and into.id not in self.rewritten:
+                self.rewritten.append(into.id)
+        elif into.id not in self.fresh and into.id not in self.touched:
+            self.touched.append(into.id)
+        self.events.append(HistoryEvent(
+            memory_id=into.id, action="merge", cause=f"near duplicate (cosine {cosine:.2f})",
+            text=new.text,
+        ))
+
+    def supersede(self, older: MemoryItem, newer: MemoryItem, *, cause: str) -> None:
+        """Mark ``older`` as no longer valid since ``newer`` became valid (nothing is deleted)."""
+        updated = older.model_copy(update={
+            "invalid_at": newer.valid_from or newer.created_at,
+            "superseded_by": newer.id,
+            "updated_at": utcnow(),
+        })
+        self.touch(updated)
+        if older.id not in self.superseded:
+            self.superseded.append(older.id)
+        self.events.append(HistoryEvent(
+            memory_id=older.id, action="supersede", cause=cause, detail={"by": newer.id},
+        ))
+
+
+def _new_item(user_id: str, r: AddRequest, now: datetime, *, key: str | None) -> MemoryItem:
+    created = r.created_at or now
+    return MemoryItem(
+        id=new_id(), user_id=user_id, text=r.text, kind=r.kind, category=r.category,
+        importance=r.importance, confidence=r.confidence, source=r.source, created_at=created,
+        updated_at=created, valid_from=created, expires_at=r.expires_at, metadata=r.metadata,
+        key=key,
+    )
+
+
+def _bump(base: MemoryItem, r: AddRequest, now: datetime) -> MemoryItem:
+    """An identical memory said again: one more mention, the higher confidence and importance."""
+    return base.model_copy(update={
+        "mention_count": base.mention_count + 1,
+        "confidence": max(base.confidence, r.confidence),
+        "importance": max(base.importance, r.importance),
+        "metadata": policy.merge_metadata(base.metadata, r.metadata),
+        "updated_at": now,
+    })
 
 
 def _to_request(item: str | Mapping[str, Any] | AddRequest) -> AddRequest:
@@ -701,7 +1083,16 @@ def _pydantic_message(exc: ValueError) -> str:
 
 def _line(item: MemoryItem) -> str:
     who = "" if item.source == "user" else f"({item.source}) "
-    return f"[{item.created_at:%Y-%m-%d}] {who}{item.text}"
+    old = "" if item.is_current else (
+        f" (superseded {item.invalid_at:%Y-%m-%d})" if item.invalid_at else " (superseded)"
+    )
+    return f"[{item.created_at:%Y-%m-%d}] {who}{item.text}{old}"
+
+
+def _section(item: MemoryItem) -> Any:
+    if item.key:
+        return "facts"
+    return "episodes" if item.kind == "summary" else "memories"
 
 
 def _default_counter(encoding: str) -> TokenCounter:

@@ -23,6 +23,7 @@ __all__ = [
     "ContextLine",
     "Entity",
     "Extraction",
+    "HistoryEvent",
     "Hit",
     "MemoryItem",
     "MetadataValue",
@@ -162,6 +163,7 @@ class MemoryItem(_Model):
     last_accessed_at: datetime | None = None
     needs_extraction: bool = False
     extractor: str | None = None
+    key: str | None = None  # set by Memory.remember(): one current value per key
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
 
     @property
@@ -174,6 +176,23 @@ class MemoryItem(_Model):
         return f"MemoryItem(id={self.id[:8]}, category={self.category!r}, text={text!r})"
 
     __str__ = __repr__
+
+
+class HistoryEvent(_Model):
+    """One change to a memory: what happened, when and why (the audit log)."""
+
+    id: str = Field(default_factory=lambda: new_id())
+    memory_id: str | None = None
+    action: Literal[
+        "add", "merge", "update", "supersede", "expire", "delete", "import", "access"
+    ]
+    at: datetime = Field(default_factory=lambda: utcnow())
+    cause: str = ""
+    text: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"HistoryEvent({self.action} {self.memory_id} at {self.at:%Y-%m-%d %H:%M} {self.cause!r})"
 
 
 class ScoreBreakdown(_Model):

@@ -130,7 +130,9 @@ class VectorStore(Protocol):
         self, user_id: str, ids: Sequence[str], metadatas: Sequence[dict[str, MetadataValue]]
     ) -> None: ...
 
-    def get(self, user_id: str, ids: Sequence[str]) -> list[StoredRecord]: ...
+    def get(
+        self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
+    ) -> list[StoredRecord]: ...
 
     def list(
         self,
@@ -149,6 +151,15 @@ class VectorStore(Protocol):
         limit: int,
         where: Mapping[str, Any] | None = None,
     ) -> list[VectorHit]: ...
+
+    def query_batch(
+        self,
+        user_id: str,
+        embeddings: Sequence[Sequence[float]],
+        *,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+    ) -> list[list[VectorHit]]: ...
 
     def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]: ...
 

@@ -9,6 +9,9 @@ and opening a collection with a different embedder is refused.
 from __future__ import annotations
 
 import logging
+import re
+import shutil
+import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +27,7 @@ __all__ = ["ChromaVectorStore", "make_chroma_client"]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def make_chroma_client(*, path: Path | None = None, url: str | None = None) -> Any:
@@ -63,6 +67,7 @@ class ChromaVectorStore:
         url: str | None = None,
     ) -> None:
         self._client = make_chroma_client(path=path, url=url)
+        self._path = None if url is not None else path
         self._embedder_name = embedder_name
         self._dimension = dimension
         self._collections: dict[str, Any] = {}
@@ -208,23 +213,35 @@ class ChromaVectorStore:
         where: Mapping[str, Any] | None = None,
     ) -> list[VectorHit]:
         """The ``limit`` nearest records by cosine similarity, best first."""
+        return self.query_batch(user_id, [embedding], limit=limit, where=where)[0]
+
+    def query_batch(
+        self,
+        user_id: str,
+        embeddings: Sequence[Sequence[float]],
+        *,
+        limit: int,
+        where: Mapping[str, Any] | None = None,
+    ) -> list[list[VectorHit]]:
+        """One nearest-neighbour list per query embedding, in one call to Chroma."""
         collection = self._existing(user_id)
-        if collection is None:
-            return []
+        if collection is None or not embeddings:
+            return [[] for _ in embeddings]
         with _wrap("search", user_id):
             result = collection.query(
-                query_embeddings=[list(embedding)],
+                query_embeddings=[list(e) for e in embeddings],
                 n_results=limit,
                 where=dict(where) if where else None,
                 include=["documents", "metadatas", "distances"],
             )
-        ids = result["ids"][0]
-        docs = result["documents"][0]
-        metas = result["metadatas"][0]
-        dists = result["distances"][0]
         return [
-            VectorHit(StoredRecord(i, d or "", dict(m or {})), 1.0 - float(dist))
-            for i, d, m, dist in zip(ids, docs, metas, dists)
+            [
+                VectorHit(StoredRecord(i, d or "", dict(m or {})), 1.0 - float(dist))
+                for i, d, m, dist in zip(ids, docs, metas, dists)
+            ]
+            for ids, docs, metas, dists in zip(
+                result["ids"], result["documents"], result["metadatas"], result["distances"]
+            )
         ]
 
     def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
@@ -243,6 +260,29 @@ class ChromaVectorStore:
             return 0
         with _wrap("count", user_id):
             return int(collection.count())
+
+    def purge(self) -> None:
+        """Make deletions physical in embedded mode: VACUUM Chroma's SQLite file (deleted rows
+        otherwise stay in free pages) and remove segment folders no collection uses any more.
+        A Chroma server manages its own files: there this does nothing."""
+        if self._path is None:
+            return
+        db = self._path / "chroma.sqlite3"
+        if not db.exists():
+            return
+        with self._lock:
+            try:
+                conn = sqlite3.connect(str(db), timeout=30)
+                try:
+                    live = {row[0] for row in conn.execute("SELECT id FROM segments")}
+                    conn.execute("VACUUM")
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise StorageError(f"could not compact {db}: {exc}") from exc
+            for child in self._path.iterdir():
+                if child.is_dir() and _UUID.match(child.name) and child.name not in live:
+                    shutil.rmtree(child, ignore_errors=True)
 
     def close(self) -> None:
         """Forget cached handles; idempotent."""

@@ -1,0 +1,123 @@
+"""HistoryStore: the audit log of every change to a user's memories, one SQLite file per user.
+
+Events are append-only, except that deleting a memory scrubs the texts its events carried (a
+deleted memory's words must not survive in its own history), and forgetting a user deletes the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hybridmem._files import user_dir, user_key
+from hybridmem.errors import CorruptStateError, StorageError
+from hybridmem.models import HistoryEvent
+
+__all__ = ["HistoryStore"]
+
+FILE_NAME = "history.sqlite3"
+
+
+class HistoryStore:
+    """Append-only per-user event log. Thread-safe."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = data_dir
+        self._conns: dict[str, sqlite3.Connection] = {}
+        self._lock = threading.RLock()
+
+    def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
+        key = user_key(user_id)
+        if key in self._conns:
+            return self._conns[key]
+        path = user_dir(self._data_dir, user_id, create=create) / FILE_NAME
+        if not create and not path.exists():
+            return None
+        try:
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA secure_delete=ON")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                "id TEXT UNIQUE, memory_id TEXT, action TEXT, at REAL, cause TEXT, text TEXT, "
+                "detail TEXT)"
+            )
+            conn.execute("CREATE INDEX IF NOT EXISTS events_memory ON events(memory_id)")
+        except sqlite3.DatabaseError as exc:
+            raise CorruptStateError(f"the history {path} cannot be opened: {exc}") from exc
+        self._conns[key] = conn
+        return conn
+
+    def record(self, user_id: str, events: Sequence[HistoryEvent]) -> None:
+        """Append events (an event id already present is ignored, so imports are idempotent)."""
+        if not events:
+            return
+        rows = [
+            (e.id, e.memory_id, e.action, e.at.timestamp(), e.cause, e.text, json.dumps(e.detail))
+            for e in events
+        ]
+        with self._lock:
+            conn = self._conn(user_id)
+            assert conn is not None
+            try:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO events(id, memory_id, action, at, cause, text, detail) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+            except sqlite3.Error as exc:
+                raise StorageError(f"could not record history of {user_id!r}: {exc}") from exc
+
+    def list(self, user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+        """Events oldest first, all of the user's or one memory's."""
+        with self._lock:
+            conn = self._conn(user_id, create=False)
+            if conn is None:
+                return []
+            query = "SELECT id, memory_id, action, at, cause, text, detail FROM events"
+            args: tuple[str, ...] = ()
+            if memory_id is not None:
+                query += " WHERE memory_id = ?"
+                args = (memory_id,)
+            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
+        return [
+            HistoryEvent(
+                id=r[0], memory_id=r[1], action=r[2],
+                at=datetime.fromtimestamp(r[3], tz=timezone.utc), cause=r[4], text=r[5],
+                detail=json.loads(r[6] or "{}"),
+            )
+            for r in rows
+        ]
+
+    def scrub(self, user_id: str, memory_ids: Sequence[str]) -> None:
+        """Remove the texts that events of deleted memories carried."""
+        with self._lock:
+            conn = self._conn(user_id, create=False)
+            if conn is None or not memory_ids:
+                return
+            conn.executemany(
+                "UPDATE events SET text = NULL, detail = '{}' WHERE memory_id = ?",
+                [(m,) for m in memory_ids],
+            )
+
+    def drop_user(self, user_id: str) -> None:
+        """Close and delete the user's history file."""
+        with self._lock:
+            conn = self._conns.pop(user_key(user_id), None)
+            if conn is not None:
+                conn.close()
+            folder = user_dir(self._data_dir, user_id, create=False)
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                (folder / (FILE_NAME + suffix)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Close every connection; idempotent."""
+        with self._lock:
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()
