@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     rrf_k: float = Field(default=60.0, gt=0)
     graph_hops: int = Field(default=1, ge=0, le=4)
 
+    # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)
+    episode_turns: int = Field(default=20, ge=0)
+
     # context and chat
     context_max_tokens: int = Field(default=1500, ge=16)
     token_encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"

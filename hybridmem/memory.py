@@ -65,6 +65,15 @@ MAX_LIMIT = 1000
 GRAPH_SEED_HITS = 5
 #: Most texts sent to an LLM extractor in one call.
 EXTRACT_BATCH = 16
+#: Most turns (and characters) one summary episode covers.
+MAX_SUMMARY_TURNS = 200
+MAX_SUMMARY_CHARS = 12_000
+SUMMARY_PROMPT = (
+    "Summarise this conversation with the user for their long-term memory: the facts, decisions, "
+    "preferences and open issues, in at most 5 short sentences. Plain text, no preamble."
+)
+#: Episodes (summaries) offered to a context, searched separately so they always get a place.
+MAX_CONTEXT_EPISODES = 2
 #: Key facts offered to a context beyond those the search found.
 MAX_CONTEXT_FACTS = 10
 #: Buffered memory accesses written to the store at once.
@@ -511,7 +520,47 @@ class Memory:
             if role not in {"user", "assistant", "system"}:
                 raise InvalidInputError(f"message role must be user, assistant or system, not {role!r}")
             items.append({"text": message["content"], "kind": "turn", "source": role})
-        return self.add_many(user_id, items, infer=infer)
+        stored = self.add_many(user_id, items, infer=infer)
+        every = self.settings.episode_turns
+        if infer and every > 0 and self.settings.llm_configured:
+            if len(self._unsummarized(user_id)) >= every:
+                self.summarize(user_id)
+        return stored
+
+    def _unsummarized(self, user_id: str) -> list[MemoryItem]:
+        """Turns newer than the newest summary episode, oldest first."""
+        summaries = self.vectors.list(user_id, where={"kind": "summary"})
+        since = max((float(r.metadata.get("created_at_ts") or 0) for r in summaries), default=0.0)
+        where = {"$and": [{"kind": "turn"}, {"created_at_ts": {"$gt": since}}]}
+        turns = [_records.from_record(r) for r in self.vectors.list(user_id, where=where)]
+        return sorted(turns, key=lambda i: (i.created_at, i.id))
+
+    def summarize(self, user_id: str) -> MemoryItem | None:
+        """Store a summary episode of the turns since the last one (one LLM call); None when there
+        is nothing new. ``add_messages`` calls this every ``episode_turns`` turns when an endpoint
+        is configured."""
+        self._check(user_id)
+        with self._lock(user_id):
+            turns = self._unsummarized(user_id)[-MAX_SUMMARY_TURNS:]
+            if not turns:
+                return None
+            transcript = "\n".join(f"{t.source}: {t.text}" for t in turns)
+            messages = [
+                {"role": "system", "content": SUMMARY_PROMPT},
+                {"role": "user", "content": transcript[-MAX_SUMMARY_CHARS:]},
+            ]
+            result = self.chat_model.complete(messages)
+            self.usage = self.usage + result.usage
+            if not result.text.strip():
+                return None
+            request = _to_request({
+                "text": result.text.strip()[:MAX_SUMMARY_CHARS], "kind": "summary",
+                "source": "system", "created_at": turns[-1].created_at,
+                "metadata": {"turns": len(turns), "first_turn": turns[0].id,
+                             "last_turn": turns[-1].id},
+            })
+            (item,) = self._write(user_id, [request], infer=False, cause="summary")
+            return item
 
     def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
         hashes = sorted({_records.text_hash(t) for t in texts})
@@ -871,7 +920,13 @@ class Memory:
                              None, "graph relation of the top memories")
             for r in self.graph.relations(user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]])
         ][:8]
-        ordered = memories[:3] + relations + memories[3:] + facts
+        episodes = [
+            ContextCandidate("episodes", _line(h.item), h.item.id, h.why)
+            for h in self.search(user_id, query, limit=MAX_CONTEXT_EPISODES,
+                                 where={"kind": "summary"})
+            if h.item.id not in hit_ids
+        ] if self.vectors.list(user_id, where={"kind": "summary"}, limit=1) else []
+        ordered = memories[:3] + episodes + relations + memories[3:] + facts
         return build_context(ordered, counter=self.tokens, max_tokens=budget)
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
