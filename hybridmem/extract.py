@@ -52,8 +52,19 @@ _COMMON = _words(
     "live lived working work finally recently still even only every any many most much such "
     "dear sorry hmm um"
 )
+#: Words that end an object without belonging to it ("I live in Berlin now").
+_TRAILING = _words(
+    "of to a now today anymore again too yet already lately currently instead either as well "
+    "these days nowadays here there though"
+)
+#: Imperative verbs that open instructions ("Turn off ...", "Try the ...") without being names.
+_IMPERATIVES = _words(
+    "turn try check make sure use open close press hold restart reset update install remove "
+    "plug unplug connect disconnect switch set keep send call email contact click select choose "
+    "go see look note add put take bring let"
+)
 #: Capitalised words that start sentences (or follow "I") without being names.
-_STARTERS = (_DET - {"new", "old", "latest", "brand-new"}) | _PRONOUNS | _COMMON
+_STARTERS = (_DET - {"new", "old", "latest", "brand-new"}) | _PRONOUNS | _COMMON | _IMPERATIVES
 _MONTHS = (
     "January|February|March|April|May|June|July|August|September|October|November|December|"
     "Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
@@ -318,7 +329,7 @@ def _clean_object(rest: str) -> str | None:
     while words and words[0].lower() in _DET | _APPROX:
         words = words[1:]
     words = [w.strip("\"'“”‘’.") for w in words[-_MAX_OBJECT_WORDS:]]  # the head noun is last
-    while words and words[-1].lower() in _DET | {"of", "to", "a"}:
+    while words and words[-1].lower() in _DET | _TRAILING:
         words.pop()
     if (
         not words

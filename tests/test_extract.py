@@ -218,3 +218,13 @@ def test_never_raises_and_names_are_valid(text: str, speaker: str | None) -> Non
         assert e.name.strip() and len(e.name) <= 200
     for r in ex.relations:
         assert r.subject.strip() and r.object.strip() and r.subject != r.object
+
+
+def test_trailing_adverbs_and_imperatives_are_not_entities() -> None:
+    ex = RuleExtractor()
+    moved = ex.extract("I moved to Berlin, I live in Berlin now.", speaker="alice")
+    assert {(r.predicate, r.object) for r in moved.relations} == {("lives_in", "Berlin")}
+    job = ex.extract("I left Quantica Labs; I work at Riverbend Analytics now.", speaker="bob")
+    assert [(r.predicate, r.object) for r in job.relations] == [("works_at", "Riverbend Analytics")]
+    tip = ex.extract("Agent: Turn off Deep Sleep in the Power Settings menu.")
+    assert "Turn" not in {e.name for e in tip.entities}
