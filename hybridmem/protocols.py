@@ -6,6 +6,8 @@ handling and ranking live above them.
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -36,7 +38,7 @@ class Embedder(Protocol):
     name: str
     dimension: int
 
-    def embed_batch(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed_batch(self, texts: Sequence[str]) -> builtins.list[builtins.list[float]]:
         """One vector per text, in order."""
         ...
 
@@ -132,7 +134,7 @@ class VectorStore(Protocol):
 
     def get(
         self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
-    ) -> list[StoredRecord]: ...
+    ) -> builtins.list[StoredRecord]: ...
 
     def list(
         self,
@@ -141,7 +143,7 @@ class VectorStore(Protocol):
         where: Mapping[str, Any] | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> list[StoredRecord]: ...
+    ) -> builtins.list[StoredRecord]: ...
 
     def query(
         self,
@@ -150,7 +152,7 @@ class VectorStore(Protocol):
         *,
         limit: int,
         where: Mapping[str, Any] | None = None,
-    ) -> list[VectorHit]: ...
+    ) -> builtins.list[VectorHit]: ...
 
     def query_batch(
         self,
@@ -159,9 +161,9 @@ class VectorStore(Protocol):
         *,
         limit: int,
         where: Mapping[str, Any] | None = None,
-    ) -> list[list[VectorHit]]: ...
+    ) -> builtins.list[builtins.list[VectorHit]]: ...
 
-    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]: ...
+    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, builtins.list[float]]: ...
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None: ...
 
@@ -179,7 +181,7 @@ class LexicalIndex(Protocol):
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None: ...
 
-    def search(self, user_id: str, query: str, *, limit: int) -> list[tuple[str, float]]:
+    def search(self, user_id: str, query: str, *, limit: int) -> builtins.list[tuple[str, float]]:
         """(memory id, bm25 score) pairs, best first; higher scores are better."""
         ...
 
@@ -197,7 +199,7 @@ class GraphStore(Protocol):
 
     def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None: ...
 
-    def entities_in(self, user_id: str, text: str) -> list[str]:
+    def entities_in(self, user_id: str, text: str) -> builtins.list[str]:
         """Canonical keys of known entities mentioned in ``text`` (names and aliases)."""
         ...
 
@@ -207,16 +209,16 @@ class GraphStore(Protocol):
         """memory id -> (hops from the nearest seed entity, a readable path) within ``hops``."""
         ...
 
-    def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
+    def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> builtins.list[str]:
         """Canonical keys of the entities that the given memories mention."""
         ...
 
-    def relations(self, user_id: str, memory_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    def relations(self, user_id: str, memory_ids: Sequence[str] | None = None) -> builtins.list[dict[str, Any]]:
         """Edges as dicts (subject, predicate, object, memory_ids), optionally only those supported
         by the given memories."""
         ...
 
-    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """A readable shortest path between two entities (names or aliases), [] when none."""
         ...
 

@@ -8,6 +8,8 @@ and opening a collection with a different embedder is refused.
 
 from __future__ import annotations
 
+import builtins
+
 import logging
 import re
 import shutil
@@ -170,7 +172,7 @@ class ChromaVectorStore:
     # -- reads --------------------------------------------------------------------------------
     def get(
         self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
-    ) -> list[StoredRecord]:
+    ) -> builtins.list[StoredRecord]:
         """Records by id (missing ids are skipped), in the order of ``ids``; ``where`` filters."""
         collection = self._existing(user_id)
         if collection is None or not ids:
@@ -190,7 +192,7 @@ class ChromaVectorStore:
         where: Mapping[str, Any] | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> list[StoredRecord]:
+    ) -> builtins.list[StoredRecord]:
         """Records matching ``where`` (all when None), in storage order."""
         collection = self._existing(user_id)
         if collection is None:
@@ -211,7 +213,7 @@ class ChromaVectorStore:
         *,
         limit: int,
         where: Mapping[str, Any] | None = None,
-    ) -> list[VectorHit]:
+    ) -> builtins.list[VectorHit]:
         """The ``limit`` nearest records by cosine similarity, best first."""
         return self.query_batch(user_id, [embedding], limit=limit, where=where)[0]
 
@@ -222,7 +224,7 @@ class ChromaVectorStore:
         *,
         limit: int,
         where: Mapping[str, Any] | None = None,
-    ) -> list[list[VectorHit]]:
+    ) -> builtins.list[builtins.list[VectorHit]]:
         """One nearest-neighbour list per query embedding, in one call to Chroma."""
         collection = self._existing(user_id)
         if collection is None or not embeddings:
@@ -244,7 +246,7 @@ class ChromaVectorStore:
             )
         ]
 
-    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, list[float]]:
+    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, builtins.list[float]]:
         """The stored vectors of ``ids`` (for export and near-duplicate checks)."""
         collection = self._existing(user_id)
         if collection is None or not ids:
@@ -319,7 +321,6 @@ class _wrap:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is not None and not isinstance(exc, StorageError) and isinstance(exc, Exception):
             raise StorageError(f"could not {self._what} the memories of {self._user!r}: {exc}") from exc
-        return False
