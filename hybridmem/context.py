@@ -3,12 +3,11 @@
 The whole text, headers, separators and the ``<memory>`` wrapper included, never exceeds
 ``max_tokens``. Lines are taken greedily in priority order; a line is never cut unless the single
 best memory alone is larger than the budget (then it is truncated with a marker). Stored text is
-escaped (``<``, ``>``, ``&``) so a memory cannot close the wrapper and pose as instructions.
+escaped (``<`` and ``&``) so a memory cannot close the wrapper and pose as instructions.
 """
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +38,12 @@ class ContextCandidate:
     why: str = ""
 
 
+def _escape(text: str) -> str:
+    """Neutralise markup: with ``<`` and ``&`` escaped no stored text can open or close a tag
+    (``>`` stays readable, as in ``a -bought-> b``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
 def _render(lines: list[ContextLine]) -> str:
     if not lines:
         return ""
@@ -65,7 +70,7 @@ def build_context(
         key = " ".join(cand.text.lower().split())
         if not key or key in seen:
             continue
-        text = "- " + html.escape(" ".join(cand.text.split()), quote=False)
+        text = "- " + _escape(" ".join(cand.text.split()))
         cost = counter.count(text) + 1
         if cand.section not in sections:
             cost += counter.count(HEADERS[cand.section]) + 1

@@ -48,7 +48,7 @@ def test_sections_order_dedup_and_escaping(counter: TiktokenCounter) -> None:
     )
     assert ctx.text.startswith("<memory>\nRelations:") and ctx.text.endswith("</memory>")
     assert [line.memory_id for line in ctx.lines if line.section == "memories"] == ["m1", "m3"]
-    assert ctx.text.count("</memory>") == 1 and "&lt;/memory&gt;" in ctx.text
+    assert ctx.text.count("</memory>") == 1 and "&lt;/memory>" in ctx.text
     assert ctx.lines[0].why == "vector .7"
 
 
