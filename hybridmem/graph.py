@@ -23,6 +23,7 @@ import os
 import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
@@ -79,7 +80,7 @@ class _UserGraph:
     """One user's graph and the indexes derived from it (rebuilt on load, never saved)."""
 
     user_id: str
-    path: Path
+    path: Path | None  # None: in-memory store
     graph: nx.DiGraph[str] = field(default_factory=nx.DiGraph)
     stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read or written
     aliases: dict[str, set[str]] = field(default_factory=dict)  # canonical alias -> node keys
@@ -174,11 +175,15 @@ class NetworkXGraphStore:
     third of the user's memories) reached from a seed contributes the memories of the edge that
     reached it, but neither its own memories nor its neighbours, so "user -bought-> everything"
     does not pull every memory in at one hop.
+
+    ``data_dir=None`` keeps the graphs in memory only (no files, no file locks, ``save`` does
+    nothing): for callers that persist extractions elsewhere and replay them into this store, like
+    :class:`hybridmem.shared.ChromaGraphStore`, so the graph logic exists once.
     """
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        data_dir: str | os.PathLike[str] | None,
         *,
         autosave: bool = True,
         max_nodes: int = 200,
@@ -186,7 +191,7 @@ class NetworkXGraphStore:
         hub_degree: int = 50,
         co_mentions: bool = True,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = None if data_dir is None else Path(data_dir)
         self.autosave = autosave
         self.max_nodes = max_nodes
         self.max_memories = max_memories
@@ -199,7 +204,8 @@ class NetworkXGraphStore:
 
     def __repr__(self) -> str:
         return (
-            f"NetworkXGraphStore(data_dir={str(self.data_dir)!r}, users_loaded={len(self._users)})"
+            f"NetworkXGraphStore(data_dir={self.data_dir and str(self.data_dir)!r}, "
+            f"users_loaded={len(self._users)})"
         )
 
     def __enter__(self) -> NetworkXGraphStore:
@@ -210,8 +216,13 @@ class NetworkXGraphStore:
 
     # ---------------------------------------------------------------- loading and saving
 
-    def _path(self, user_id: str) -> Path:
+    def _path(self, user_id: str) -> Path | None:
+        if self.data_dir is None:
+            return None
         return user_dir(self.data_dir, user_id, create=False) / GRAPH_FILE
+
+    def _file_lock(self, user_id: str) -> AbstractContextManager[object]:
+        return nullcontext() if self.data_dir is None else user_lock(self.data_dir, user_id)
 
     def _state(self, user_id: str) -> _UserGraph:
         """The user's graph, loaded lazily and re-read if another process rewrote the file."""
@@ -228,7 +239,7 @@ class NetworkXGraphStore:
 
     def _load(self, st: _UserGraph) -> None:
         stamp = _stamp(st.path)
-        if stamp is None:
+        if stamp is None or st.path is None:
             st.graph, st.stamp = nx.DiGraph(), None
         else:
             try:
@@ -244,6 +255,8 @@ class NetworkXGraphStore:
         log.debug("graph %s loaded: %d nodes", st.path, st.graph.number_of_nodes())
 
     def _save(self, user_id: str, st: _UserGraph) -> None:
+        if self.data_dir is None or st.path is None:
+            return
         data = nx.node_link_data(st.graph, edges="edges")
         payload = json.dumps(
             {"schema": SCHEMA, "graph": data}, default=_json_default, ensure_ascii=False
@@ -261,7 +274,7 @@ class NetworkXGraphStore:
 
     def save(self, user_id: str) -> None:
         """Write the user's graph now (only needed with ``autosave=False``)."""
-        with self._lock, user_lock(self.data_dir, user_id):
+        with self._lock, self._file_lock(user_id):
             self._save(user_id, self._state(user_id))
 
     # ---------------------------------------------------------------- writes
@@ -279,7 +292,7 @@ class NetworkXGraphStore:
         if not items:
             return
         seen = as_utc(at or utcnow()).isoformat()
-        with self._lock, user_lock(self.data_dir, user_id):
+        with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
             for memory_id, extraction in items:
                 names = [e.name for e in extraction.entities]
@@ -340,7 +353,7 @@ class NetworkXGraphStore:
 
     def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
         """Forget memories: drop them from provenance, then edges and nodes nothing supports."""
-        with self._lock, user_lock(self.data_dir, user_id):
+        with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
             g, changed = st.graph, False
             touched: set[str] = set()
@@ -377,7 +390,7 @@ class NetworkXGraphStore:
             g = _graph_from(data)
         except ValueError as exc:
             raise InvalidInputError(f"cannot import graph: {exc}") from exc
-        with self._lock, user_lock(self.data_dir, user_id):
+        with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
             st.graph = g
             st.index()
@@ -385,10 +398,11 @@ class NetworkXGraphStore:
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""
-        with self._lock, user_lock(self.data_dir, user_id):
+        with self._lock, self._file_lock(user_id):
             path = self._path(user_id)
             try:
-                path.unlink()
+                if path is not None:
+                    path.unlink()
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -404,7 +418,7 @@ class NetworkXGraphStore:
             try:
                 for key in sorted(self._dirty):
                     st = self._users[key]
-                    with user_lock(self.data_dir, st.user_id):
+                    with self._file_lock(st.user_id):
                         self._save(st.user_id, st)
             finally:
                 self._closed = True
@@ -595,7 +609,9 @@ def _label(g: nx.DiGraph[str], u: str, v: str) -> str:
     return f"{g.nodes[u]['name']} -{preds}-> {g.nodes[v]['name']}"
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
     try:
         info = path.stat()
     except FileNotFoundError:

@@ -1,0 +1,468 @@
+"""Server-mode stores: all shared state lives in the Chroma server; each process only caches.
+
+Several app processes (on several hosts) can serve the same users through one Chroma server. Local
+files with a file lock cannot keep them consistent across hosts, so with ``Settings.chroma_url``:
+
+- vectors, documents and metadata stay in the user's main collection (:mod:`hybridmem.vector`);
+- the graph is *derived*: every write of a memory's :class:`~hybridmem.models.Extraction` is one
+  record in the side collection ``g-<user key>``, and each process replays the records into an
+  in-memory :class:`~hybridmem.graph.NetworkXGraphStore` (:class:`ChromaGraphStore`);
+- the lexical index is a per-process FTS5 cache of the main collection's documents
+  (:class:`ChromaLexicalIndex`).
+
+Writes only add or delete records, never read-modify-write a shared blob, so no process overwrites
+another's update. A process sees its own writes at once and other processes' adds and deletes at its
+next *check*, which runs before a read at most every ``refresh_interval`` seconds (``refresh()``
+forces one). A check lists record ids only, the cheapest thing Chroma serves (measured on one
+``chroma run``: 10k ids in ~20 ms, their metadata in ~1.3 s), so a version must show in the id:
+a graph record's id is ``<memory id>~<write token>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hybridmem._files import user_key
+from hybridmem.errors import ConfigError, InvalidInputError, StorageError
+from hybridmem.graph import NetworkXGraphStore
+from hybridmem.lexical import SqliteLexicalIndex, content_words
+from hybridmem.models import Entity, Extraction, Relation, as_utc, utcnow
+from hybridmem.vector import _is_not_found, make_chroma_client
+
+__all__ = ["ChromaGraphStore", "ChromaLexicalIndex"]
+
+log = logging.getLogger(__name__)
+SCHEMA = 1
+#: Separates the memory id from the write token in a graph record id (tokens are hex, so the last
+#: separator is the right one even if an imported memory id contains it).
+SEP = "~"
+#: Records per Chroma request: well under the server's batch limit, and a bounded request size.
+BATCH = 1000
+_UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+T = TypeVar("T")
+
+
+def _memory_of(record_id: str) -> str:
+    return record_id.rpartition(SEP)[0]
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=12).digest()
+
+
+def _chunks(items: Sequence[T]) -> Iterable[Sequence[T]]:
+    return (items[i : i + BATCH] for i in range(0, len(items), BATCH))
+
+
+@dataclass
+class _Sync:
+    """One user's cache state: its lock (held across a check, so a concurrent own write is never
+    mistaken for a remote delete), what the cache holds and when the server was last checked."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    record_ids: set[str] = field(default_factory=set)  # graph: server records replayed
+    versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
+    checked: float | None = None  # monotonic time of the last check's start
+    swept: float | None = None  # lexical: last full comparison of texts
+    collection: Any = None  # cached handle; reopened when another process re-created it
+
+
+class _ServerCache:
+    """Plumbing shared by both stores: the client, per-user state, rate-limited checks, and handles
+    that survive another process dropping and re-creating a collection."""
+
+    def __init__(self, *, client: Any | None, url: str | None, refresh_interval: float) -> None:
+        if (client is None) == (url is None):
+            raise ConfigError(f"{type(self).__name__} needs exactly one of client= or url=")
+        if refresh_interval < 0:
+            raise ConfigError("refresh_interval must be >= 0 seconds")
+        self._client = client if client is not None else make_chroma_client(url=url)
+        self.refresh_interval = float(refresh_interval)
+        self._users: dict[str, _Sync] = {}
+        self._guard = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(users_cached={len(self._users)})"
+
+    def _state(self, user_id: str) -> _Sync:
+        key = user_key(user_id)  # validates the user id
+        with self._guard:
+            if self._closed:
+                raise StorageError(f"the {type(self).__name__} is closed; create a new one")
+            return self._users.setdefault(key, _Sync())
+
+    def _name(self, user_id: str) -> str:
+        raise NotImplementedError
+
+    def _create(self, user_id: str) -> Any:
+        raise NotImplementedError
+
+    def _run(self, user_id: str, st: _Sync, what: str, call: Callable[[Any], T], *,
+             create: bool = False) -> T | None:
+        """``call(collection)``; None when the collection does not exist (and ``create`` is off).
+        A stale handle (the collection was dropped by someone) is reopened once."""
+        for attempt in (1, 2):
+            stale = st.collection is not None
+            try:
+                if st.collection is None and create:
+                    st.collection = self._create(user_id)
+                elif st.collection is None:
+                    st.collection = self._client.get_collection(
+                        name=self._name(user_id), embedding_function=None
+                    )
+                return call(st.collection)
+            except Exception as exc:
+                st.collection = None
+                if _is_not_found(exc) and stale and attempt == 1:
+                    continue
+                if _is_not_found(exc) and not create:
+                    return None
+                raise StorageError(
+                    f"could not {what} of {user_id!r} in the Chroma server: {exc}; check that the "
+                    "server at chroma_url is reachable"
+                ) from exc
+        return None  # pragma: no cover - the loop always returns or raises
+
+    def _due(self, st: _Sync, force: bool) -> bool:
+        return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval
+
+
+class ChromaGraphStore(_ServerCache):
+    """:class:`~hybridmem.protocols.GraphStore` for server mode: extraction records in Chroma, the
+    graph a per-process cache rebuilt from them.
+
+    A record: id ``<memory id>~<token>`` (a fresh uuid per write), document the extraction JSON,
+    metadata ``memory_id``, ``token`` and ``ts`` (epoch seconds: first/last seen, so every process
+    derives the same times). Like :class:`~hybridmem.graph.NetworkXGraphStore`, adding is additive
+    and removing a memory removes all its records. A check lists record ids; new ones are fetched
+    and replayed, and a memory that lost records is removed and replayed from what is left.
+    Entity display names are the first surface form *this process* replayed, so two processes can
+    name a node differently while agreeing on its key, edges and memories.
+    """
+
+    def __init__(self, *, client: Any | None = None, url: str | None = None,
+                 refresh_interval: float = 1.0) -> None:
+        super().__init__(client=client, url=url, refresh_interval=refresh_interval)
+        self._cache = NetworkXGraphStore(None)
+
+    def _name(self, user_id: str) -> str:
+        return "g-" + user_key(user_id)
+
+    def _create(self, user_id: str) -> Any:
+        return self._client.get_or_create_collection(
+            name=self._name(user_id),
+            embedding_function=None,
+            configuration={"hnsw": {"space": "cosine"}},
+            metadata={"user_id": user_id, "kind": "hybridmem-graph", "schema": SCHEMA},
+        )
+
+    # -- writes ----------------------------------------------------------------------------------
+    def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
+                       at: datetime | None = None) -> None:
+        """Add one memory's entities and relations."""
+        self.add_extractions(user_id, [(memory_id, extraction)], at=at)
+
+    def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]], *,
+                        at: datetime | None = None) -> None:
+        """Write one record per item, then apply them to this process's cache."""
+        if not items:
+            return
+        when = as_utc(at or utcnow())
+        tokens = [uuid.uuid4().hex for _ in items]
+        ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
+        docs = [e.model_dump_json() for _, e in items]
+        metas = [{"memory_id": mid, "token": tok, "ts": when.timestamp()}
+                 for (mid, _), tok in zip(items, tokens)]
+        st = self._state(user_id)
+        with st.lock:
+            try:
+                for lo in range(0, len(ids), BATCH):
+                    hi = lo + BATCH
+                    self._run(user_id, st, "store the graph", lambda c: c.upsert(
+                        ids=ids[lo:hi], documents=docs[lo:hi],
+                        embeddings=[_UNIT] * len(ids[lo:hi]), metadatas=metas[lo:hi],
+                    ), create=True)
+            except StorageError:
+                try:  # best effort, so a failed add leaves no half-written batch
+                    for part in _chunks(ids):
+                        self._run(user_id, st, "undo", lambda c: c.delete(ids=list(part)))
+                except StorageError:
+                    log.warning("could not undo a failed graph write; checks replay what landed")
+                raise
+            self._cache.add_extractions(user_id, items, at=when)
+            st.record_ids.update(ids)
+
+    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
+        """Delete every record of the memories (whoever wrote them) and drop them from the cache."""
+        mids = list(dict.fromkeys(memory_ids))
+        if not mids:
+            return
+        st = self._state(user_id)
+        with st.lock:
+            for part in _chunks(mids):
+                self._run(user_id, st, "delete graph records", lambda c: c.delete(
+                    where={"memory_id": {"$in": list(part)}}
+                ))
+            self._cache.remove_memory(user_id, mids)
+            gone = set(mids)
+            st.record_ids = {r for r in st.record_ids if _memory_of(r) not in gone}
+
+    def import_graph(self, user_id: str, data: dict[str, Any]) -> None:
+        """Replace the user's graph with an export: it is split back into per-memory extractions
+        (entities, relations, supporting memories and confidences survive; first/last seen become
+        the import time)."""
+        scratch = NetworkXGraphStore(None)
+        scratch.import_graph(user_id, data)  # validates; InvalidInputError when malformed
+        items = _extractions_of(scratch.export(user_id)["graph"])
+        st = self._state(user_id)
+        with st.lock:
+            listing = self._run(user_id, st, "list graph records", lambda c: c.get(include=[]))
+            for part in _chunks(listing["ids"] if listing else []):
+                self._run(user_id, st, "replace the graph", lambda c: c.delete(ids=list(part)))
+            self._cache.drop_user(user_id)
+            st.record_ids.clear()
+            st.checked = None  # the next read replays what others wrote meanwhile
+            self.add_extractions(user_id, items)
+
+    def drop_user(self, user_id: str) -> None:
+        """Delete the user's side collection and cached graph."""
+        st = self._state(user_id)
+        with st.lock:
+            try:
+                self._client.delete_collection(name=self._name(user_id))
+            except Exception as exc:
+                if not _is_not_found(exc):
+                    raise StorageError(f"could not delete the graph of {user_id!r}: {exc}") from exc
+            st.collection, st.checked = None, None
+            st.record_ids.clear()
+            self._cache.drop_user(user_id)
+
+    def close(self) -> None:
+        """Forget the caches; idempotent. The server keeps everything."""
+        with self._guard:
+            if not self._closed:
+                self._closed = True
+                self._users.clear()
+                self._cache.close()
+
+    # -- sync ------------------------------------------------------------------------------------
+    def refresh(self, user_id: str) -> None:
+        """Check the server now, whatever the refresh interval."""
+        self._sync(user_id, force=True)
+
+    def _sync(self, user_id: str, *, force: bool = False) -> _Sync:
+        st = self._state(user_id)
+        with st.lock:
+            if not self._due(st, force):
+                return st
+            started = time.monotonic()
+            listing = self._run(user_id, st, "list graph records", lambda c: c.get(include=[]))
+            remote = set(listing["ids"]) if listing else set()
+            gone, new = st.record_ids - remote, remote - st.record_ids
+            if gone or new:
+                self._apply(user_id, st, remote, gone, new)
+            st.checked = started
+            return st
+
+    def _apply(
+        self, user_id: str, st: _Sync, remote: set[str], gone: set[str], new: set[str]
+    ) -> None:
+        """Replay new records; memories that lost records are removed and replayed from the rest."""
+        rebuild = {_memory_of(r) for r in gone}
+        wanted = new | {r for r in remote & st.record_ids if _memory_of(r) in rebuild}
+        rows: list[tuple[float, str, str]] = []
+        for part in _chunks(sorted(wanted)):
+            got = self._run(user_id, st, "read graph records", lambda c: c.get(
+                ids=list(part), include=["documents", "metadatas"]
+            ))
+            if not got:
+                continue
+            for rid, doc, meta in zip(got["ids"], got["documents"], got["metadatas"]):
+                ts = (meta or {}).get("ts")
+                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or ""))
+        if rebuild:
+            self._cache.remove_memory(user_id, sorted(rebuild))
+            st.record_ids = {r for r in st.record_ids if _memory_of(r) not in rebuild}
+        for ts, rid, doc in sorted(rows):  # write order, so every process replays alike
+            try:
+                extraction = Extraction.model_validate_json(doc)
+            except ValueError:
+                log.warning("skipping an unreadable graph record %s", rid)
+            else:
+                at = datetime.fromtimestamp(ts, tz=timezone.utc) if ts else None
+                self._cache.add_extraction(user_id, _memory_of(rid), extraction, at=at)
+            st.record_ids.add(rid)
+        log.debug("graph cache: %d records replayed, %d memories rebuilt", len(rows), len(rebuild))
+
+    # -- reads: the cache, after a check of the server if one is due -------------------------------
+    def entities_in(self, user_id: str, text: str) -> list[str]:
+        with self._sync(user_id).lock:
+            return self._cache.entities_in(user_id, text)
+
+    def neighbourhood(
+        self, user_id: str, entities: Sequence[str], *, hops: int
+    ) -> dict[str, tuple[int, str]]:
+        with self._sync(user_id).lock:
+            return self._cache.neighbourhood(user_id, entities, hops=hops)
+
+    def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
+        with self._sync(user_id).lock:
+            return self._cache.entities_of(user_id, memory_ids)
+
+    def entity(self, user_id: str, name: str) -> dict[str, Any] | None:
+        with self._sync(user_id).lock:
+            return self._cache.entity(user_id, name)
+
+    def relations(
+        self, user_id: str, memory_ids: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        with self._sync(user_id).lock:
+            return self._cache.relations(user_id, memory_ids)
+
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
+        with self._sync(user_id).lock:
+            return self._cache.query_path(user_id, a, b, max_depth=max_depth)
+
+    def export(self, user_id: str) -> dict[str, Any]:
+        with self._sync(user_id).lock:
+            return self._cache.export(user_id)
+
+
+def _extractions_of(graph: dict[str, Any]) -> list[tuple[str, Extraction]]:
+    """Split a node-link graph back into the extractions of the memories that support it."""
+    names = {n["id"]: n["name"] for n in graph["nodes"]}
+    found: dict[str, tuple[list[Entity], list[Relation]]] = {}
+    try:
+        for node in graph["nodes"]:
+            entity = Entity(name=node["name"], type=node["type"])
+            for mid in node["memory_ids"]:
+                found.setdefault(mid, ([], []))[0].append(entity)
+        for edge in graph["edges"]:
+            for pred, support in edge["evidence"].items():
+                for mid, conf in support.items():
+                    found.setdefault(mid, ([], []))[1].append(Relation(
+                        subject=names[edge["source"]], predicate=pred,
+                        object=names[edge["target"]], confidence=conf,
+                    ))
+    except ValueError as exc:  # pydantic's ValidationError
+        raise InvalidInputError(f"cannot import graph: {exc}") from exc
+    return [
+        (mid, Extraction(entities=ents, relations=rels, extractor="import"))
+        for mid, (ents, rels) in sorted(found.items())
+    ]
+
+
+class ChromaLexicalIndex(_ServerCache):
+    """:class:`~hybridmem.protocols.LexicalIndex` for server mode: a per-process FTS5 cache of the
+    documents in the user's main collection (written by :class:`~hybridmem.vector.ChromaVectorStore`
+    on the same server), so there is no second copy of the texts to keep consistent.
+
+    The cache is a :class:`~hybridmem.lexical.SqliteLexicalIndex` in a private temporary directory,
+    removed on :meth:`close`. Own ``add``/``delete`` apply at once. Before a search, at most every
+    ``refresh_interval`` seconds, a check lists the collection's ids (cheap) to index new documents
+    and drop missing ones; an id keeps its id when its text is edited, so at most every
+    ``sweep_interval`` seconds (and on :meth:`refresh`) a *sweep* fetches every document and
+    re-indexes those whose digest changed (10k documents: ~0.8 s).
+    """
+
+    def __init__(self, *, client: Any | None = None, url: str | None = None,
+                 refresh_interval: float = 1.0, sweep_interval: float = 30.0) -> None:
+        super().__init__(client=client, url=url, refresh_interval=refresh_interval)
+        if sweep_interval < refresh_interval:
+            raise ConfigError("sweep_interval must be >= refresh_interval")
+        self.sweep_interval = float(sweep_interval)
+        self._dir = tempfile.TemporaryDirectory(prefix="hybridmem-lexical-")
+        self._index = SqliteLexicalIndex(Path(self._dir.name))
+
+    def _name(self, user_id: str) -> str:
+        return user_key(user_id)  # the main collection; ChromaVectorStore creates and drops it
+
+    def _create(self, user_id: str) -> Any:  # pragma: no cover - this cache never creates
+        raise AssertionError("the lexical cache never creates a collection")
+
+    def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
+        """Index texts now (the documents are already in the main collection)."""
+        st = self._state(user_id)
+        with st.lock:
+            self._index.add(user_id, ids, texts)
+            st.versions.update(zip(ids, map(_digest, texts)))
+
+    def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Drop memory ids from this process's cache."""
+        st = self._state(user_id)
+        with st.lock:
+            self._index.delete(user_id, ids)
+            for i in ids:
+                st.versions.pop(i, None)
+
+    def search(self, user_id: str, query: str, *, limit: int) -> list[tuple[str, float]]:
+        """(memory id, bm25 score) best first, after a check of the server if one is due."""
+        if not content_words(query):
+            return []
+        with self._sync(user_id).lock:
+            return self._index.search(user_id, query, limit=limit)
+
+    def refresh(self, user_id: str) -> None:
+        """Compare every document with the server now (a sweep), whatever the intervals."""
+        self._sync(user_id, force=True)
+
+    def _sync(self, user_id: str, *, force: bool = False) -> _Sync:
+        st = self._state(user_id)
+        with st.lock:
+            started = time.monotonic()
+            sweep = force or st.swept is None or started - st.swept >= self.sweep_interval
+            if not sweep and not self._due(st, False):
+                return st
+            changed: dict[str, str] = {}
+            if sweep:
+                got = self._run(user_id, st, "read the memories",
+                                lambda c: c.get(include=["documents"]))
+                texts = {i: t or "" for i, t in zip(got["ids"], got["documents"])} if got else {}
+                remote: set[str] = set(texts)
+                changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
+            else:
+                got = self._run(user_id, st, "list the memories", lambda c: c.get(include=[]))
+                remote = set(got["ids"]) if got else set()
+                for part in _chunks(sorted(remote - st.versions.keys())):
+                    docs = self._run(user_id, st, "read the memories", lambda c: c.get(
+                        ids=list(part), include=["documents"]
+                    ))
+                    if docs:
+                        changed.update((i, t or "") for i, t in zip(docs["ids"], docs["documents"]))
+            gone = [i for i in st.versions if i not in remote]
+            if gone:
+                self.delete(user_id, gone)
+            if changed:
+                self.add(user_id, list(changed), list(changed.values()))
+            st.checked = started
+            if sweep:
+                st.swept = started
+            return st
+
+    def drop_user(self, user_id: str) -> None:
+        """Drop this process's cache of the user (the vector store drops the documents)."""
+        st = self._state(user_id)
+        with st.lock:
+            self._index.drop_user(user_id)
+            st.versions.clear()
+            st.collection = st.checked = st.swept = None
+
+    def close(self) -> None:
+        """Close and delete the cache; idempotent."""
+        with self._guard:
+            if not self._closed:
+                self._closed = True
+                self._users.clear()
+                self._index.close()
+                self._dir.cleanup()
