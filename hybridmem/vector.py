@@ -15,9 +15,9 @@ import re
 import shutil
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from hybridmem._files import user_key
@@ -29,6 +29,7 @@ __all__ = ["ChromaVectorStore", "make_chroma_client"]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -115,8 +116,29 @@ class ChromaVectorStore:
             self._collections[name] = collection
             return collection
 
-    def _existing(self, user_id: str) -> Any | None:
-        return self._collection(user_id, create=False)
+    def _run(self, user_id: str, what: str, op: Callable[[Any], T], *, create: bool = False,
+             default: T) -> T:
+        """Run ``op`` on the user's collection; ``default`` when it does not exist.
+
+        A cached handle goes stale when another process deletes the collection (``forget`` on a
+        shared Chroma server): then the handle is dropped and the call retried once. Any Chroma
+        failure becomes a :class:`StorageError` that names the user and the operation.
+        """
+        for attempt in (0, 1):
+            collection = self._collection(user_id, create=create)
+            if collection is None:
+                return default
+            try:
+                return op(collection)
+            except StorageError:
+                raise
+            except Exception as exc:
+                if attempt == 0 and _is_not_found(exc):
+                    with self._lock:
+                        self._collections.pop(user_key(user_id), None)
+                    continue
+                raise StorageError(f"could not {what} the memories of {user_id!r}: {exc}") from exc
+        return default
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(
@@ -128,35 +150,24 @@ class ChromaVectorStore:
         metadatas: Sequence[dict[str, MetadataValue]],
     ) -> None:
         """Insert or replace records with our embeddings."""
-        if not ids:
-            return
-        collection = self._collection(user_id)
-        assert collection is not None
-        with _wrap("write to", user_id):
-            collection.upsert(
-                ids=list(ids),
-                documents=list(texts),
-                embeddings=[list(e) for e in embeddings],
+        if ids:
+            self._run(user_id, "write to", lambda c: c.upsert(
+                ids=list(ids), documents=list(texts), embeddings=[list(e) for e in embeddings],
                 metadatas=[_clean(m) for m in metadatas],
-            )
+            ), create=True, default=None)
 
     def update_metadata(
         self, user_id: str, ids: Sequence[str], metadatas: Sequence[dict[str, MetadataValue]]
     ) -> None:
         """Replace the metadata of existing records (documents and vectors stay)."""
-        collection = self._existing(user_id)
-        if collection is None or not ids:
-            return
-        with _wrap("update", user_id):
-            collection.update(ids=list(ids), metadatas=[_clean(m) for m in metadatas])
+        if ids:
+            self._run(user_id, "update", lambda c: c.update(
+                ids=list(ids), metadatas=[_clean(m) for m in metadatas]), default=None)
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Delete records by id (unknown ids are ignored)."""
-        collection = self._existing(user_id)
-        if collection is None or not ids:
-            return
-        with _wrap("delete from", user_id):
-            collection.delete(ids=list(ids))
+        if ids:
+            self._run(user_id, "delete from", lambda c: c.delete(ids=list(ids)), default=None)
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's whole collection."""
@@ -174,15 +185,13 @@ class ChromaVectorStore:
         self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
     ) -> builtins.list[StoredRecord]:
         """Records by id (missing ids are skipped), in the order of ``ids``; ``where`` filters."""
-        collection = self._existing(user_id)
-        if collection is None or not ids:
+        if not ids:
             return []
-        with _wrap("read from", user_id):
-            result = collection.get(
-                ids=list(ids), where=dict(where) if where else None,
-                include=["documents", "metadatas"],
-            )
-        records = {r.id: r for r in _records(result)}
+        result = self._run(user_id, "read from", lambda c: c.get(
+            ids=list(ids), where=dict(where) if where else None,
+            include=["documents", "metadatas"],
+        ), default=None)
+        records = {r.id: r for r in _records(result)} if result is not None else {}
         return [records[i] for i in ids if i in records]
 
     def list(
@@ -194,17 +203,11 @@ class ChromaVectorStore:
         offset: int = 0,
     ) -> builtins.list[StoredRecord]:
         """Records matching ``where`` (all when None), in storage order."""
-        collection = self._existing(user_id)
-        if collection is None:
-            return []
-        with _wrap("read from", user_id):
-            result = collection.get(
-                where=dict(where) if where else None,
-                limit=limit,
-                offset=offset or None,
-                include=["documents", "metadatas"],
-            )
-        return _records(result)
+        result = self._run(user_id, "read from", lambda c: c.get(
+            where=dict(where) if where else None, limit=limit, offset=offset or None,
+            include=["documents", "metadatas"],
+        ), default=None)
+        return _records(result) if result is not None else []
 
     def query(
         self,
@@ -226,16 +229,15 @@ class ChromaVectorStore:
         where: Mapping[str, Any] | None = None,
     ) -> builtins.list[builtins.list[VectorHit]]:
         """One nearest-neighbour list per query embedding, in one call to Chroma."""
-        collection = self._existing(user_id)
-        if collection is None or not embeddings:
+        if not embeddings:
+            return []
+        result = self._run(user_id, "search", lambda c: c.query(
+            query_embeddings=[list(e) for e in embeddings], n_results=limit,
+            where=dict(where) if where else None,
+            include=["documents", "metadatas", "distances"],
+        ), default=None)
+        if result is None:
             return [[] for _ in embeddings]
-        with _wrap("search", user_id):
-            result = collection.query(
-                query_embeddings=[list(e) for e in embeddings],
-                n_results=limit,
-                where=dict(where) if where else None,
-                include=["documents", "metadatas", "distances"],
-            )
         return [
             [
                 VectorHit(StoredRecord(i, d or "", dict(m or {})), 1.0 - float(dist))
@@ -248,20 +250,17 @@ class ChromaVectorStore:
 
     def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, builtins.list[float]]:
         """The stored vectors of ``ids`` (for export and near-duplicate checks)."""
-        collection = self._existing(user_id)
-        if collection is None or not ids:
+        if not ids:
             return {}
-        with _wrap("read from", user_id):
-            result = collection.get(ids=list(ids), include=["embeddings"])
+        result = self._run(user_id, "read from", lambda c: c.get(
+            ids=list(ids), include=["embeddings"]), default=None)
+        if result is None:
+            return {}
         return {i: [float(x) for x in e] for i, e in zip(result["ids"], result["embeddings"])}
 
     def count(self, user_id: str) -> int:
         """Number of records of the user."""
-        collection = self._existing(user_id)
-        if collection is None:
-            return 0
-        with _wrap("count", user_id):
-            return int(collection.count())
+        return int(self._run(user_id, "count", lambda c: c.count(), default=0))
 
     def purge(self) -> None:
         """Make deletions physical in embedded mode: VACUUM Chroma's SQLite file (deleted rows
@@ -309,18 +308,3 @@ def _is_not_found(exc: Exception) -> bool:
     return type(exc).__name__ in {"NotFoundError", "InvalidCollectionException"} or (
         "does not exist" in str(exc)
     )
-
-
-class _wrap:
-    """Turn any Chroma failure into a StorageError that names the user and the operation."""
-
-    def __init__(self, what: str, user_id: str) -> None:
-        self._what = what
-        self._user = user_id
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None and not isinstance(exc, StorageError) and isinstance(exc, Exception):
-            raise StorageError(f"could not {self._what} the memories of {self._user!r}: {exc}") from exc

@@ -75,3 +75,16 @@ def test_collection_name_is_derived_not_raw(tmp_path: Path) -> None:
     assert meta["user_id"] == "weird id with spaces & ünicode" and meta["dimension"] == 32
     with pytest.raises(InvalidUserIdError):
         store.count("../etc")
+
+
+def test_stale_handle_after_another_process_dropped_the_user(
+    chroma_server: str, unique_user: str
+) -> None:
+    first = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server)
+    second = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server)
+    _put(first, unique_user, ["one", "two"])
+    assert second.count(unique_user) == 2  # second now caches a handle
+    first.drop_user(unique_user)
+    assert second.count(unique_user) == 0 and second.list(unique_user) == []
+    _put(first, unique_user, ["three"])
+    assert [r.text for r in second.list(unique_user)] == ["three"]
