@@ -458,7 +458,7 @@ class NetworkXGraphStore:
         """memory id -> (hops, readable path) for memories within ``hops`` of the seed entities.
 
         Breadth-first in both edge directions, so the first time a memory is seen is its smallest
-        hop count. Hop 0: memories mentioning a seed. Hop h: memories mentioning a node h edges away
+        hop count. Hub seeds are skipped (see ``_hub``). Hop 0: memories mentioning a seed. Hop h: memories mentioning a node h edges away
         (or supporting the edge that reached it). With ``co_mentions`` two entities of one memory
         are also neighbours ("A -mentioned_with-> B"), which connects what rules cannot relate.
         """
@@ -468,6 +468,9 @@ class NetworkXGraphStore:
             st = self._state(user_id)
             g = st.graph
             seeds = [k for k in dict.fromkeys(st.resolve(e) for e in entities) if k is not None]
+            # A hub seed (the speaker of every "I ..." turn) says nothing about the question:
+            # starting from it would pull in an arbitrary slice of the user's memories.
+            seeds = [k for k in seeds if not self._hub(st, k)]
             parent: dict[str, tuple[str, str] | None] = {k: None for k in seeds[: self.max_nodes]}
             found: dict[str, tuple[int, str]] = {}
 

@@ -161,6 +161,8 @@ def test_hub_does_not_pull_in_every_memory(store: NetworkXGraphStore) -> None:
 def test_neighbourhood_is_bounded(tmp_path: Path) -> None:
     store = NetworkXGraphStore(tmp_path, max_nodes=20, max_memories=15, hub_degree=10_000)
     store.add_extractions("u", [(f"m{i}", ex(("hub", "has", f"leaf {i}"))) for i in range(300)])
+    # unrelated memories, so that "hub" is under a third of all of them (not an IDF hub)
+    store.add_extractions("u", [(f"x{i}", ex((f"x{i}", "is", f"y{i}"))) for i in range(700)])
     found = store.neighbourhood("u", ["hub"], hops=3)
     assert len(found) == 15
     assert store.neighbourhood("u", ["unknown thing"], hops=2) == {}
@@ -388,3 +390,11 @@ def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None
         "client_123 -bought-> ROG laptop",
         "Dell 4K monitor -complements-> ROG laptop",
     ]
+
+
+def test_hub_seeds_do_not_flood_the_neighbourhood(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions("u", [(f"m{i}", ex(("caroline", "said", f"thing {i}"))) for i in range(30)])
+    store.add_extractions("u", [("z", ex(("melanie", "painted", "a sunset")))])
+    assert store.neighbourhood("u", ["caroline"], hops=1) == {}
+    assert set(store.neighbourhood("u", ["melanie"], hops=1)) == {"z"}
