@@ -258,6 +258,55 @@ def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = J
                 out.print(f"{key}: {value}")
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve to anything
+        return False
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; off loopback a key is needed."),
+    port: int = typer.Option(8080, min=1, max=65535),
+    data_dir: Optional[Path] = DataDirOpt,
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the REST service (bearer keys: HYBRIDMEM_SERVER_API_KEY, comma-separated)."""
+    import logging
+
+    if log_level.lower() not in {"debug", "info", "warning", "error"}:
+        raise typer.BadParameter("use debug, info, warning or error", param_hint="--log-level")
+    try:
+        settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    except ValueError as exc:
+        err.print(f"error: {exc}".splitlines()[0], highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    if not settings.server_keys() and not _is_loopback(host):
+        err.print(f"error: refusing to serve on {host} without an API key; set "
+                  "HYBRIDMEM_SERVER_API_KEY (comma-separated for several) or use --host 127.0.0.1",
+                  highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(code=2)
+    import uvicorn
+
+    from hybridmem.server import create_app
+
+    level = getattr(logging, log_level.upper(), logging.INFO)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("hybridmem").addHandler(handler)
+    logging.getLogger("hybridmem").setLevel(level)
+    with _memory(data_dir) as mem:
+        # One worker: the embedded store belongs to this process; requests run in its threadpool.
+        # uvicorn's access log is off: hybridmem.server logs route templates, not user ids.
+        uvicorn.run(create_app(mem), host=host, port=port, log_level=log_level.lower(),
+                    access_log=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

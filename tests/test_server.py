@@ -1,0 +1,518 @@
+"""The REST service over a real uvicorn on 127.0.0.1, driven with httpx (no TestClient)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from hybridmem import Memory, Settings, __version__
+from hybridmem.errors import BackendUnavailableError, ConfigError
+from hybridmem.offline import LocalEmbedder
+from hybridmem.protocols import ChatResult
+from hybridmem.server import create_app
+from openai_wire import OpenAIWireServer, Reply
+
+KEYS = "alpha-key-0123, beta-key-4567"
+BODY_LIMIT = 100_000
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yield its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@dataclass
+class Service:
+    url: str
+    memory: Memory
+
+    def client(self, key: str | None = "beta-key-4567") -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def service(
+    tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder
+) -> Iterator[Service]:
+    """One server for the module, keys from settings (two of them); tests use their own users."""
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("server") / "hm", server_api_key=KEYS,
+        extractor="rules", base_url=None, chroma_url=None,
+    )
+    with Memory(settings, embedder=embedder) as memory:
+        with serve(create_app(memory, max_body_bytes=BODY_LIMIT)) as url:
+            yield Service(url, memory)
+
+
+@pytest.fixture()
+def client(service: Service) -> Iterator[httpx.Client]:
+    with service.client() as c:
+        yield c
+
+
+def memories(user: str) -> str:
+    return f"/v1/users/{user}/memories"
+
+
+# -- service and auth ----------------------------------------------------------------------------
+def test_health_needs_no_key(service: Service) -> None:
+    with service.client(key=None) as c:
+        response = c.get("/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "version": __version__}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-key"},
+        {"Authorization": "Bearer alpha-key-0123x"},
+        {"Authorization": "Basic alpha-key-0123"},
+        {"Authorization": "alpha-key-0123"},
+        {"Authorization": "Bearer"},
+    ],
+    ids=["none", "wrong", "prefix", "basic", "no-scheme", "empty"],
+)
+def test_v1_refuses_a_missing_or_wrong_key(
+    service: Service, unique_user: str, headers: dict[str, str]
+) -> None:
+    with httpx.Client(base_url=service.url, headers=headers) as c:
+        answers = [
+            c.get(memories(unique_user)),
+            c.post(memories(unique_user), json={"text": "should not be stored"}),
+            c.post(memories(unique_user), content=b"{not json"),  # 401 before any parsing
+            c.delete(f"/v1/users/{unique_user}"),
+            c.get("/v1/no-such-route"),
+        ]
+    for response in answers:
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["error"]["type"] == "AuthenticationError"
+    assert service.memory.count(unique_user) == 0
+
+
+@pytest.mark.parametrize("key", ["alpha-key-0123", "beta-key-4567"])
+def test_each_configured_key_is_accepted(service: Service, unique_user: str, key: str) -> None:
+    with service.client(key=key) as c:
+        assert c.post(memories(unique_user), json={"text": "key accepted"}).status_code == 201
+        assert c.get(memories(unique_user)).status_code == 200
+
+
+def test_logs_name_the_route_template_never_key_user_or_text(
+    client: httpx.Client, unique_user: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="hybridmem.server"):
+        client.post(memories(unique_user), json={"text": "my locker code is zebra-771"})
+        httpx.get(client.base_url.join(memories(unique_user)))  # refused: no key
+    lines = [r.getMessage() for r in caplog.records if r.name == "hybridmem.server"]
+    assert any(line.startswith("POST /v1/users/{user_id}/memories 201 ") for line in lines)
+    assert any(" 401 " in line for line in lines)
+    for secret in ("zebra-771", "beta-key-4567", unique_user):
+        assert secret not in caplog.text
+
+
+# -- memories ------------------------------------------------------------------------------------
+def test_memory_lifecycle(client: httpx.Client, service: Service, unique_user: str) -> None:
+    one = client.post(
+        memories(unique_user),
+        json={"text": "Bought a ROG laptop", "category": "purchase", "importance": 0.8,
+              "metadata": {"order": 1234, "channel": "web"}, "created_at": "2024-05-01T10:00:00Z"},
+    )
+    assert one.status_code == 201
+    item = one.json()
+    assert item["user_id"] == unique_user and item["category"] == "purchase"
+    assert item["metadata"] == {"order": 1234, "channel": "web"}
+    assert item["created_at"].startswith("2024-05-01T10:00:00")
+
+    many = client.post(
+        memories(unique_user),
+        params={"infer": "false"},
+        json={"memories": [{"text": "Prefers 4K monitors"}, {"text": "Lives in Lyon",
+                                                             "category": "profile"}]},
+    )
+    assert many.status_code == 201
+    assert [m["text"] for m in many.json()] == ["Prefers 4K monitors", "Lives in Lyon"]
+
+    listed = client.get(memories(unique_user)).json()
+    assert [m["text"] for m in listed][0] == "Bought a ROG laptop"  # oldest first
+    assert len(listed) == 3
+    assert len(client.get(memories(unique_user), params={"limit": 1, "offset": 1}).json()) == 1
+    profile = client.get(memories(unique_user), params={"category": "profile"}).json()
+    assert [m["text"] for m in profile] == ["Lives in Lyon"]
+
+    url = f"{memories(unique_user)}/{item['id']}"
+    assert client.get(url).json()["text"] == "Bought a ROG laptop"
+    patched = client.patch(url, json={"text": "Bought a ROG Strix laptop", "importance": 0.9})
+    assert patched.status_code == 200
+    assert patched.json()["text"] == "Bought a ROG Strix laptop"
+    assert patched.json()["importance"] == 0.9
+    assert patched.json()["category"] == "purchase"  # untouched fields stay
+
+    exported = client.get(f"/v1/users/{unique_user}/export").json()
+    assert exported["user_id"] == unique_user
+    assert {m["text"] for m in exported["memories"]} == {
+        "Bought a ROG Strix laptop", "Prefers 4K monitors", "Lives in Lyon"}
+
+    assert client.delete(url).json() == {"deleted": 1}
+    assert client.get(url).status_code == 404
+    assert client.delete(f"/v1/users/{unique_user}").json() == {"deleted": 2}
+    assert client.get(memories(unique_user)).json() == []
+    assert service.memory.count(unique_user) == 0
+
+
+def test_identical_text_is_returned_not_stored_twice(
+    client: httpx.Client, unique_user: str
+) -> None:
+    first = client.post(memories(unique_user), json={"text": "Owns a cat named Miso"}).json()
+    again = client.post(memories(unique_user), json={"text": "owns a cat named miso!"}).json()
+    assert again["id"] == first["id"] and again["mention_count"] == 2
+    assert len(client.get(memories(unique_user)).json()) == 1
+
+
+def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
+    client.post(memories(unique_user), json={"memories": [
+        {"text": "Bought a ROG Strix gaming laptop in March", "category": "purchase"},
+        {"text": "Is allergic to peanuts", "category": "health"},
+        {"text": "Wants a 4K monitor for photo editing", "category": "wish"},
+    ]})
+    hits = client.post(f"/v1/users/{unique_user}/search",
+                       json={"query": "which laptop did they buy?", "limit": 2})
+    assert hits.status_code == 200
+    body = hits.json()
+    assert 1 <= len(body) <= 2
+    assert "laptop" in body[0]["item"]["text"]
+    assert body[0]["why"] and "fused" in body[0]["breakdown"]
+    only = client.post(f"/v1/users/{unique_user}/search",
+                       json={"query": "laptop", "category": "health"}).json()
+    assert [h["item"]["category"] for h in only] == ["health"] * len(only)
+
+    ctx = client.post(f"/v1/users/{unique_user}/context",
+                      json={"query": "monitor for my laptop", "max_tokens": 40})
+    assert ctx.status_code == 200
+    assert ctx.json()["max_tokens"] == 40
+    assert 0 < ctx.json()["tokens"] <= 40
+    assert "monitor" in ctx.json()["text"] or "laptop" in ctx.json()["text"]
+
+
+# -- errors --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "/memories", {"text": ""}),
+        ("post", "/memories", {"text": "   "}),
+        ("post", "/memories", {"text": "x", "importance": 1.5}),
+        ("post", "/memories", {"text": "x", "metadata": {"nested": {"a": 1}}}),
+        ("post", "/memories", {"text": "x", "metadata": {"tags": ["a", "b"]}}),
+        ("post", "/memories", {"text": "x", "colour": "red"}),
+        ("post", "/memories", {"memories": []}),
+        ("post", "/memories", {"memories": [{"text": "ok"}, {"text": ""}]}),
+        ("post", "/memories", None),
+        ("post", "/search", {"query": "x", "limit": 0}),
+        ("post", "/search", {"query": ""}),
+        ("post", "/context", {"query": "x", "max_tokens": 0}),
+        ("post", "/chat", {"message": ""}),
+    ],
+)
+def test_bad_bodies_are_422(
+    client: httpx.Client, service: Service, unique_user: str, method: str, path: str, body: Any
+) -> None:
+    url = f"/v1/users/{unique_user}{path}"
+    response = (client.request(method, url, content=b"{not json")
+                if body is None else client.request(method, url, json=body))
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "RequestValidationError"
+    assert response.json()["error"]["message"]
+    assert service.memory.count(unique_user) == 0
+
+
+def test_bad_query_parameters_are_422(client: httpx.Client, unique_user: str) -> None:
+    for params in ({"limit": 0}, {"limit": 1001}, {"offset": -1}):
+        response = client.get(memories(unique_user), params=params)
+        assert response.status_code == 422, params
+
+
+@pytest.mark.parametrize("user", ["%2E%2E", "a..b", "%20"])
+def test_bad_user_ids_are_422_by_class(client: httpx.Client, user: str) -> None:
+    for response in (
+        client.get(f"/v1/users/{user}/memories"),
+        client.post(f"/v1/users/{user}/memories", json={"text": "x"}),
+        client.post(f"/v1/users/{user}/search", json={"query": "x"}),
+    ):
+        assert response.status_code == 422
+        assert response.json()["error"]["type"] == "InvalidUserIdError"
+
+
+def test_unknown_memory_is_404(client: httpx.Client, unique_user: str) -> None:
+    url = f"{memories(unique_user)}/0123456789abcdef"
+    for response in (client.get(url), client.patch(url, json={"importance": 0.1}),
+                     client.delete(url)):
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "NotFoundError"
+    assert client.get("/v1/users/x/nothing-here").status_code == 404
+
+
+def test_users_are_isolated(client: httpx.Client, unique_user: str) -> None:
+    alice, bob = f"{unique_user}-alice", f"{unique_user}-bob"
+    secret = client.post(memories(alice), json={"text": "My safe combination is 31-7-22, "
+                                                "kept behind the blue painting"}).json()
+    client.post(memories(bob), json={"text": "Likes hiking in the Alps"})
+    for query in ("safe combination blue painting", "31-7-22", "what is behind the painting"):
+        hits = client.post(f"/v1/users/{bob}/search", json={"query": query, "limit": 50}).json()
+        assert all(h["item"]["user_id"] == bob for h in hits)
+        assert secret["id"] not in {h["item"]["id"] for h in hits}
+        ctx = client.post(f"/v1/users/{bob}/context", json={"query": query}).json()
+        assert "31-7-22" not in ctx["text"]
+    assert client.get(f"{memories(bob)}/{secret['id']}").status_code == 404
+    assert client.delete(f"{memories(bob)}/{secret['id']}").status_code == 404
+    assert client.delete(f"/v1/users/{bob}").json() == {"deleted": 1}
+    assert client.get(f"{memories(alice)}/{secret['id']}").status_code == 200
+
+
+def test_body_over_the_limit_is_413(
+    client: httpx.Client, service: Service, unique_user: str
+) -> None:
+    big = json.dumps({"memories": [{"text": "x" * 10_000 + str(i)} for i in range(12)]}).encode()
+    assert len(big) > BODY_LIMIT
+    declared = client.post(memories(unique_user), content=big,
+                           headers={"Content-Type": "application/json"})
+    chunked = client.post(
+        memories(unique_user), content=iter([big[i : i + 8192] for i in range(0, len(big), 8192)]),
+        headers={"Content-Type": "application/json"},
+    )
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        assert response.json()["error"]["type"] == "RequestTooLarge"
+    assert service.memory.count(unique_user) == 0
+    # Just under the limit, chunked: read whole and replayed to the route.
+    fits = json.dumps({"memories": [{"text": "y" * 10_000 + str(i)} for i in range(9)]}).encode()
+    assert len(fits) < BODY_LIMIT
+    pieces = [fits[i : i + 4096] for i in range(0, len(fits), 4096)]
+    response = client.post(memories(unique_user), content=iter(pieces),
+                           headers={"Content-Type": "application/json"})
+    assert response.status_code == 201 and len(response.json()) == 9
+
+
+def test_a_body_limit_must_be_positive(service: Service) -> None:
+    with pytest.raises(ConfigError, match="max_body_bytes"):
+        create_app(service.memory, max_body_bytes=0)
+
+
+def test_openapi_lists_the_routes(service: Service) -> None:
+    spec = httpx.get(f"{service.url}/openapi.json").json()
+    paths = spec["paths"]
+    expected = {
+        "/health": {"get"},
+        "/v1/users/{user_id}/memories": {"get", "post"},
+        "/v1/users/{user_id}/memories/{memory_id}": {"get", "patch", "delete"},
+        "/v1/users/{user_id}/search": {"post"},
+        "/v1/users/{user_id}/context": {"post"},
+        "/v1/users/{user_id}/chat": {"post"},
+        "/v1/users/{user_id}/export": {"get"},
+        "/v1/users/{user_id}": {"delete"},
+    }
+    assert {p: set(ops) for p, ops in paths.items()} == expected
+    assert "HTTPBearer" in spec["components"]["securitySchemes"]
+    assert paths["/v1/users/{user_id}/search"]["post"]["security"] == [{"HTTPBearer": []}]
+    assert "security" not in paths["/health"]["get"]
+    for schema in ("MemoryItem", "Hit", "Context", "ChatReply", "SearchBody"):
+        assert schema in spec["components"]["schemas"]
+
+
+THINGS = (
+    "kayak piano tulip saxophone glacier lantern bonsai violin compass meteor harbour quilt "
+    "falcon cactus trumpet volcano origami walrus sapphire tractor bagpipe lighthouse mango "
+    "parachute cathedral hedgehog telescope waffle jellyfish accordion canyon pretzel zeppelin "
+    "orchid anvil flamingo igloo marimba sundial tornado"
+).split()
+
+
+def test_concurrent_adds_for_one_user_all_land(service: Service, unique_user: str) -> None:
+    # Texts far apart (token Jaccard <= 0.5, so no near-duplicate merging): 8 threads x 5.
+    def worker(thread: int) -> list[int]:
+        with service.client() as c:
+            return [
+                c.post(memories(unique_user), json={
+                    "text": f"Owns a {THINGS[thread * 5 + n]}"
+                }).status_code
+                for n in range(5)
+            ]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = [s for result in pool.map(worker, range(8)) for s in result]
+    assert statuses == [201] * 40
+    assert service.memory.count(unique_user) == 40
+    with service.client() as c:
+        listed = c.get(memories(unique_user), params={"limit": 1000}).json()
+    assert len({m["id"] for m in listed}) == 40
+
+
+# -- chat through a real OpenAI-wire server ------------------------------------------------------
+@pytest.fixture(scope="module")
+def _chat_service(
+    _openai_wire_session: OpenAIWireServer, embedder: LocalEmbedder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Service]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("chat") / "hm",
+                        base_url=_openai_wire_session.base_url, api_key="sk-test", max_retries=0,
+                        extractor="rules", server_api_key=None)
+    with Memory(settings, embedder=embedder) as memory:
+        with serve(create_app(memory)) as url:
+            yield Service(url, memory)
+
+
+@pytest.fixture()
+def chat_service(_chat_service: Service, openai_server: OpenAIWireServer) -> Service:
+    """No keys configured (the loopback mode: open without a bearer key), pointed at the session's
+    OpenAI-wire server, which ``openai_server`` resets around each test."""
+    return _chat_service
+
+
+def _seed(c: httpx.Client, user: str) -> None:
+    c.post(memories(user), json={"text": "Bought a ROG Strix laptop with a USB-C port"})
+    c.post(memories(user), json={"text": "Lives in Lyon"})
+
+
+QUESTION = "Which monitor would suit my ROG laptop?"
+
+
+def test_chat_sends_the_context_to_the_endpoint(
+    chat_service: Service, openai_server: OpenAIWireServer, unique_user: str
+) -> None:
+    with chat_service.client(key=None) as c:
+        _seed(c, unique_user)
+        response = c.post(f"/v1/users/{unique_user}/chat",
+                          json={"message": QUESTION, "max_context_tokens": 200})
+    assert response.status_code == 200
+    reply = response.json()
+    assert reply["text"] == f"ok: {QUESTION}"
+    assert "ROG Strix laptop" in reply["context"]["text"]
+    assert reply["context"]["tokens"] <= 200
+    sent = openai_server.requests_to("chat")
+    assert len(sent) == 1
+    assert "ROG Strix laptop" in sent[0].text and QUESTION in sent[0].text
+    assert sent[0].api_key == "sk-test"
+    assert chat_service.memory.count(unique_user) == 4  # the exchange is remembered
+
+
+def _sse_events(response: httpx.Response) -> list[str]:
+    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_chat_streams_server_sent_events(
+    chat_service: Service, openai_server: OpenAIWireServer, unique_user: str
+) -> None:
+    with chat_service.client(key=None) as c:
+        _seed(c, unique_user)
+        with c.stream("POST", f"/v1/users/{unique_user}/chat",
+                      json={"message": QUESTION, "stream": True}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = _sse_events(response)
+    assert events[-1] == "[DONE]"
+    deltas = [json.loads(e)["delta"] for e in events[:-1]]
+    assert len(deltas) > 1
+    assert "".join(deltas) == f"ok: {QUESTION}"
+    sent = openai_server.requests_to("chat")
+    assert len(sent) == 1 and sent[0].body["stream"] is True
+    assert "ROG Strix laptop" in sent[0].text
+    assert chat_service.memory.count(unique_user) == 4
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "kind"),
+    [(Reply.error(429), 429, "BackendRateLimitError"),
+     (Reply.error(401), 502, "BackendAuthError"),
+     (Reply.error(503), 503, "BackendUnavailableError")],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_endpoint_failures_map_by_class(
+    chat_service: Service, openai_server: OpenAIWireServer, unique_user: str,
+    reply: Reply, status: int, kind: str, stream: bool,
+) -> None:
+    openai_server.script(reply)
+    with chat_service.client(key=None) as c:
+        response = c.post(f"/v1/users/{unique_user}/chat",
+                          json={"message": "hello there", "stream": stream})
+    assert response.status_code == status  # a failing stream fails before the first event
+    assert response.json()["error"]["type"] == kind
+    assert "sk-test" not in response.text
+    assert chat_service.memory.count(unique_user) == 0
+
+
+class _BreaksMidStream:
+    """A chat model whose stream sends one piece, then loses the endpoint."""
+
+    model = "breaks-mid-stream"
+
+    def complete(self, messages: Any, **_: Any) -> ChatResult:
+        return ChatResult(text="unused")
+
+    def stream(self, messages: Any) -> Iterator[str]:
+        yield "Hello"
+        raise BackendUnavailableError("the endpoint went away mid-reply")
+
+
+def test_a_stream_that_breaks_ends_with_an_error_event(
+    embedder: LocalEmbedder, tmp_path: Path, unique_user: str
+) -> None:
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    with Memory(settings, embedder=embedder, chat_model=_BreaksMidStream()) as memory:
+        with serve(create_app(memory, api_keys=[])) as url, httpx.Client(base_url=url) as c:
+            with c.stream("POST", f"/v1/users/{unique_user}/chat",
+                          json={"message": "hi", "stream": True}) as response:
+                assert response.status_code == 200  # already streaming when it broke
+                lines = [line for line in response.iter_lines() if line]
+    assert lines[0] == 'data: {"delta": "Hello"}'
+    assert lines[1:] == ["event: error", 'data: {"error": {"type": "BackendUnavailableError", '
+                         '"message": "the endpoint went away mid-reply"}}']  # and no [DONE]
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+def test_serve_refuses_a_public_host_without_a_key(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "OPENAI_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridmem.cli", "serve", "--host", "0.0.0.0",
+         "--data-dir", str(tmp_path / "hm")],
+        capture_output=True, text=True, timeout=30, env=env,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "refusing" in lines[0] and "HYBRIDMEM_SERVER_API_KEY" in lines[0]
+    assert not (tmp_path / "hm").exists()  # refused before touching any store
