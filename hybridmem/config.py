@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         default="auto", description="auto: llm when an endpoint is configured, else rules."
     )
 
+    scrub_heap: bool = Field(
+        default=True,
+        description="Overwrite freed heap memory (glibc M_PERTURB) so erased text cannot reach "
+        "embedded Chroma's index files; see hybridmem.vector.scrub_freed_heap.",
+    )
+
     # write policy (see hybridmem.policy)
     dedup: bool = Field(default=True, description="Merge identical and near-duplicate facts.")
     dedup_jaccard: float = Field(default=0.6, ge=0, le=1)

@@ -67,12 +67,15 @@ class HistoryStore:
             conn = self._conn(user_id)
             assert conn is not None
             try:
+                conn.execute("BEGIN")
                 conn.executemany(
                     "INSERT OR IGNORE INTO events(id, memory_id, action, at, cause, text, detail) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+                conn.execute("COMMIT")
             except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
                 raise StorageError(f"could not record history of {user_id!r}: {exc}") from exc
 
     def list(self, user_id: str, memory_id: str | None = None) -> builtins.list[HistoryEvent]:
@@ -102,10 +105,12 @@ class HistoryStore:
             conn = self._conn(user_id, create=False)
             if conn is None or not memory_ids:
                 return
+            conn.execute("BEGIN")
             conn.executemany(
                 "UPDATE events SET text = NULL, detail = '{}' WHERE memory_id = ?",
                 [(m,) for m in memory_ids],
             )
+            conn.execute("COMMIT")
 
     def drop_user(self, user_id: str) -> None:
         """Close and delete the user's history file."""

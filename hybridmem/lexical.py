@@ -64,6 +64,8 @@ class SqliteLexicalIndex:
                 "CREATE VIRTUAL TABLE IF NOT EXISTS docs USING fts5("
                 "id UNINDEXED, text, tokenize='porter unicode61 remove_diacritics 2')"
             )
+            # FTS5 cannot index ``id``: deleting by it would scan every row, so map id -> rowid
+            conn.execute("CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, docid INTEGER)")
         except sqlite3.DatabaseError as exc:
             raise CorruptStateError(f"the lexical index {path} cannot be opened: {exc}") from exc
         self._conns[key] = conn
@@ -78,8 +80,13 @@ class SqliteLexicalIndex:
             assert conn is not None
             try:
                 conn.execute("BEGIN")
-                conn.executemany("DELETE FROM docs WHERE id = ?", [(i,) for i in ids])
-                conn.executemany("INSERT INTO docs(id, text) VALUES (?, ?)", list(zip(ids, texts)))
+                _delete(conn, ids)
+                for memory_id, text in zip(ids, texts):
+                    cursor = conn.execute(
+                        "INSERT INTO docs(id, text) VALUES (?, ?)", (memory_id, text)
+                    )
+                    conn.execute("INSERT INTO ids(id, docid) VALUES (?, ?)",
+                                 (memory_id, cursor.lastrowid))
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK")
@@ -93,7 +100,7 @@ class SqliteLexicalIndex:
                 return
             try:
                 conn.execute("BEGIN")
-                conn.executemany("DELETE FROM docs WHERE id = ?", [(i,) for i in ids])
+                _delete(conn, ids)
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK")
@@ -134,3 +141,12 @@ class SqliteLexicalIndex:
             for conn in self._conns.values():
                 conn.close()
             self._conns.clear()
+
+
+def _delete(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+    """Delete memory ids from the index through the id map (inside the caller's transaction)."""
+    for memory_id in ids:
+        row = conn.execute("SELECT docid FROM ids WHERE id = ?", (memory_id,)).fetchone()
+        if row is not None:
+            conn.execute("DELETE FROM docs WHERE rowid = ?", (row[0],))
+            conn.execute("DELETE FROM ids WHERE id = ?", (memory_id,))

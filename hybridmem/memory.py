@@ -124,6 +124,7 @@ class Memory:
                 dimension=self.embedder.dimension,
                 path=None if s.chroma_url else s.data_dir / "chroma",
                 url=s.chroma_url,
+                scrub_heap=s.scrub_heap,
             )
         self.vectors: VectorStore = vector_store
         if lexical_index is None:
@@ -343,8 +344,9 @@ class Memory:
         stored = self.vectors.query_batch(
             user_id, [plan.vectors[i] for i in facts], limit=3, where=where
         )
-        seen: builtins.list[str] = []
-        for memory_id, hits in zip(facts, stored):
+        seen: builtins.list[int] = []  # positions in ``facts`` of the batch's distinct facts
+        matrix = np.asarray([plan.vectors[i] for i in facts], dtype=np.float32)
+        for position, (memory_id, hits) in enumerate(zip(facts, stored)):
             item = plan.items[memory_id]
             best: tuple[float, MemoryItem] | None = None
             for hit in hits:
@@ -363,9 +365,9 @@ class Memory:
                     if verdict == "UPDATE":
                         plan.supersede(other, item, cause="LLM judged it an update")
             if best is None and seen:
-                sims = np.asarray([plan.vectors[e] for e in seen]) @ np.asarray(plan.vectors[memory_id])
+                sims = matrix[seen] @ matrix[position]
                 for index in np.argsort(-sims)[:3]:
-                    prior = plan.items[seen[int(index)]]
+                    prior = plan.items[facts[seen[int(index)]]]
                     if policy.near_duplicate(
                         item.text, prior.text, float(sims[index]),
                         jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine,
@@ -373,7 +375,7 @@ class Memory:
                         best = (float(sims[index]), prior)
                         break
             if best is None:
-                seen.append(memory_id)
+                seen.append(position)
                 continue
             plan.merge(item, best[1], now, cosine=best[0])
 
@@ -516,11 +518,11 @@ class Memory:
     def facts(self, user_id: str, *, category: str | None = None) -> builtins.list[MemoryItem]:
         """The user's current key facts (see :meth:`remember`)."""
         self._check(user_id)
-        flt = _records.and_filters({"current": True}, {"category": category} if category else None)
-        return sorted(
-            (i for i in map(_records.from_record, self.vectors.list(user_id, where=flt)) if i.key),
-            key=lambda i: i.key or "",
+        flt = _records.and_filters(
+            {"has_key": True}, {"current": True}, {"category": category} if category else None
         )
+        items = map(_records.from_record, self.vectors.list(user_id, where=flt))
+        return sorted(items, key=lambda i: i.key or "")
 
     def add_messages(
         self, user_id: str, messages: Sequence[Mapping[str, str]], *, infer: bool = True

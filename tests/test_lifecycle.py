@@ -112,7 +112,8 @@ def _scan(root: Path, needles: list[bytes]) -> list[str]:
     for folder, _, files in os.walk(root):
         for name in files:
             data = (Path(folder) / name).read_bytes()
-            found += [f"{name}: {n!r}" for n in needles if n in data]
+            found += [f"{Path(folder).relative_to(root) / name}: {n!r} at {data.find(n)}/{len(data)}"
+                      for n in needles if n in data]
     return found
 
 
