@@ -10,6 +10,7 @@ import builtins
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -79,6 +80,8 @@ SUMMARY_PROMPT = (
 MAX_CONTEXT_EPISODES = 2
 #: Key facts offered to a context beyond those the search found.
 MAX_CONTEXT_FACTS = 10
+#: Seconds a "does this user have key facts / episodes" answer is reused by context().
+EXTRAS_TTL = 5.0
 #: Buffered memory accesses written to the store at once.
 ACCESS_FLUSH = 512
 
@@ -162,6 +165,7 @@ class Memory:
         #: Token usage of every model call made by this Memory (extraction, judge, chat).
         self.usage = Usage()
         self._access: dict[str, dict[str, tuple[int, datetime]]] = {}
+        self._extras: dict[str, tuple[float, bool, bool]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._closed = False
@@ -436,6 +440,8 @@ class Memory:
             for i in plan.fresh if i not in plan.merged_into
         ]
         self.history_store.record(user_id, events + plan.events)
+        if any(plan.items[i].key or plan.items[i].kind == "summary" for i in writes):
+            self._extras.pop(user_id, None)
 
     def _supersede_contradictions(self, user_id: str, plan: _WritePlan) -> None:
         """Rule path: a functional relation (lives_in, works_at ...) with a new object supersedes
@@ -687,6 +693,7 @@ class Memory:
                 return 1
             count = self.vectors.count(user_id)
             self._access.pop(user_id, None)
+            self._extras.pop(user_id, None)
             self.vectors.drop_user(user_id)
             self.lexical.drop_user(user_id)
             self.graph.drop_user(user_id)
@@ -926,11 +933,12 @@ class Memory:
             ContextCandidate(_section(h.item), _line(h.item), h.item.id, h.why) for h in hits
         ]
         hit_ids = {h.item.id for h in hits}
+        has_facts, has_episodes = self._has_extras(user_id)
         facts = [
             ContextCandidate("facts", _line(f), f.id, "key fact")
             for f in self.facts(user_id, category=category)[:MAX_CONTEXT_FACTS]
             if f.id not in hit_ids
-        ]
+        ] if has_facts else []
         relations = [
             ContextCandidate("relations", f"{r['subject']} -{r['predicate']}-> {r['object']}",
                              None, "graph relation of the top memories")
@@ -941,9 +949,22 @@ class Memory:
             for h in self.search(user_id, query, limit=MAX_CONTEXT_EPISODES,
                                  where={"kind": "summary"})
             if h.item.id not in hit_ids
-        ] if self.vectors.list(user_id, where={"kind": "summary"}, limit=1) else []
+        ] if has_episodes else []
         ordered = memories[:3] + episodes + relations + memories[3:] + facts
         return build_context(ordered, counter=self.tokens, max_tokens=budget)
+
+    def _has_extras(self, user_id: str) -> tuple[bool, bool]:
+        """Whether the user has key facts / summary episodes. Each answer costs Chroma a metadata
+        scan, so it is cached for :data:`EXTRAS_TTL` seconds (this process's own writes refresh it
+        at once; another process's new fact or episode shows up within the TTL)."""
+        now = time.monotonic()
+        cached = self._extras.get(user_id)
+        if cached is not None and cached[0] > now:
+            return cached[1], cached[2]
+        has_facts = bool(self.vectors.list(user_id, where={"has_key": True}, limit=1))
+        has_episodes = bool(self.vectors.list(user_id, where={"kind": "summary"}, limit=1))
+        self._extras[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes)
+        return has_facts, has_episodes
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """How two entities are related in the user's graph (readable edges), [] when not."""
