@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     half_life_days: float = Field(default=30.0, gt=0)
     importance_weight: float = Field(default=0.0, ge=0)
     rrf_k: float = Field(default=60.0, gt=0)
+    fusion: Literal["rrf", "weighted"] = Field(
+        default="rrf", description="How signals are fused; see hybridmem.ranking."
+    )
     graph_hops: int = Field(default=1, ge=0, le=4)
 
     # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)

@@ -10,13 +10,11 @@ import builtins
 
 import json
 import sqlite3
-import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 
-from hybridmem._files import user_dir, user_key
-from hybridmem.errors import CorruptStateError, StorageError
+from hybridmem._sqlite import PerUserSqlite
+from hybridmem.errors import StorageError
 from hybridmem.models import HistoryEvent
 
 __all__ = ["HistoryStore"]
@@ -24,36 +22,16 @@ __all__ = ["HistoryStore"]
 FILE_NAME = "history.sqlite3"
 
 
-class HistoryStore:
+class HistoryStore(PerUserSqlite):
     """Append-only per-user event log. Thread-safe."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
-        self._conns: dict[str, sqlite3.Connection] = {}
-        self._lock = threading.RLock()
-
-    def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
-        key = user_key(user_id)
-        if key in self._conns:
-            return self._conns[key]
-        path = user_dir(self._data_dir, user_id, create=create) / FILE_NAME
-        if not create and not path.exists():
-            return None
-        try:
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=DELETE")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA secure_delete=ON")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-                "id TEXT UNIQUE, memory_id TEXT, action TEXT, at REAL, cause TEXT, text TEXT, "
-                "detail TEXT)"
-            )
-            conn.execute("CREATE INDEX IF NOT EXISTS events_memory ON events(memory_id)")
-        except sqlite3.DatabaseError as exc:
-            raise CorruptStateError(f"the history {path} cannot be opened: {exc}") from exc
-        self._conns[key] = conn
-        return conn
+    file_name = FILE_NAME
+    what = "history"
+    schema = (
+        "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "id TEXT UNIQUE, memory_id TEXT, action TEXT, at REAL, cause TEXT, text TEXT, detail TEXT)",
+        "CREATE INDEX IF NOT EXISTS events_memory ON events(memory_id)",
+    )
 
     def record(self, user_id: str, events: Sequence[HistoryEvent]) -> None:
         """Append events (an event id already present is ignored, so imports are idempotent)."""
@@ -111,20 +89,3 @@ class HistoryStore:
                 [(m,) for m in memory_ids],
             )
             conn.execute("COMMIT")
-
-    def drop_user(self, user_id: str) -> None:
-        """Close and delete the user's history file."""
-        with self._lock:
-            conn = self._conns.pop(user_key(user_id), None)
-            if conn is not None:
-                conn.close()
-            folder = user_dir(self._data_dir, user_id, create=False)
-            for suffix in ("", "-journal", "-wal", "-shm"):
-                (folder / (FILE_NAME + suffix)).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        """Close every connection; idempotent."""
-        with self._lock:
-            for conn in self._conns.values():
-                conn.close()
-            self._conns.clear()

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 
-from hybridmem._files import user_dir, user_key
-from hybridmem.errors import CorruptStateError, StorageError
+from hybridmem._sqlite import PerUserSqlite
+from hybridmem.errors import StorageError
 
 __all__ = ["SqliteLexicalIndex", "content_words"]
 
@@ -39,37 +37,17 @@ def content_words(text: str) -> list[str]:
     return list(seen)
 
 
-class SqliteLexicalIndex:
+class SqliteLexicalIndex(PerUserSqlite):
     """FTS5 index per user. Thread-safe (one lock, connections cached per user)."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
-        self._conns: dict[str, sqlite3.Connection] = {}
-        self._lock = threading.RLock()
-
-    def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
-        key = user_key(user_id)
-        conn = self._conns.get(key)
-        if conn is not None:
-            return conn
-        path = user_dir(self._data_dir, user_id, create=create) / FILE_NAME
-        if not create and not path.exists():
-            return None
-        try:
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=DELETE")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA secure_delete=ON")
-            conn.execute(
-                "CREATE VIRTUAL TABLE IF NOT EXISTS docs USING fts5("
-                "id UNINDEXED, text, tokenize='porter unicode61 remove_diacritics 2')"
-            )
-            # FTS5 cannot index ``id``: deleting by it would scan every row, so map id -> rowid
-            conn.execute("CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, docid INTEGER)")
-        except sqlite3.DatabaseError as exc:
-            raise CorruptStateError(f"the lexical index {path} cannot be opened: {exc}") from exc
-        self._conns[key] = conn
-        return conn
+    file_name = FILE_NAME
+    what = "lexical index"
+    schema = (
+        "CREATE VIRTUAL TABLE IF NOT EXISTS docs USING fts5("
+        "id UNINDEXED, text, tokenize='porter unicode61 remove_diacritics 2')",
+        # FTS5 cannot index ``id``: deleting by it would scan every row, so map id -> rowid
+        "CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, docid INTEGER)",
+    )
 
     def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
         """Index texts under their memory ids (replacing earlier text of the same id)."""
@@ -124,23 +102,6 @@ class SqliteLexicalIndex:
             except sqlite3.Error as exc:
                 raise StorageError(f"could not search the index of {user_id!r}: {exc}") from exc
         return [(str(i), float(s)) for i, s in rows]
-
-    def drop_user(self, user_id: str) -> None:
-        """Close and delete the user's index file (and any journal beside it)."""
-        with self._lock:
-            conn = self._conns.pop(user_key(user_id), None)
-            if conn is not None:
-                conn.close()
-            folder = user_dir(self._data_dir, user_id, create=False)
-            for suffix in ("", "-journal", "-wal", "-shm"):
-                (folder / (FILE_NAME + suffix)).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        """Close every connection; idempotent."""
-        with self._lock:
-            for conn in self._conns.values():
-                conn.close()
-            self._conns.clear()
 
 
 def _delete(conn: sqlite3.Connection, ids: Sequence[str]) -> None:

@@ -158,6 +158,7 @@ class Memory:
             half_life_days=s.half_life_days,
             importance=s.importance_weight,
             rrf_k=s.rrf_k,
+            fusion=s.fusion,
         )
         from hybridmem.history import HistoryStore
 
@@ -463,6 +464,10 @@ class Memory:
                         continue
                     older, newer = sorted((old, new), key=lambda i: (i.valid_from or i.created_at))
                     late.supersede(older, newer, cause=f"{rel.predicate} changed")
+        self._apply_supersessions(user_id, late)
+
+    def _apply_supersessions(self, user_id: str, late: _WritePlan) -> None:
+        """Write supersessions decided after the batch was stored: metadata, graph, history."""
         if late.touched:
             self.vectors.update_metadata(
                 user_id, late.touched, [_records.to_metadata(late.items[i]) for i in late.touched]
@@ -513,12 +518,7 @@ class Memory:
             late = _WritePlan()
             for prior in old:
                 late.supersede(prior, item, cause=f"new value for {key!r}")
-            if late.touched:
-                self.vectors.update_metadata(
-                    user_id, late.touched, [_records.to_metadata(late.items[i]) for i in late.touched]
-                )
-                self.graph.remove_memory(user_id, late.superseded)
-                self.history_store.record(user_id, late.events)
+            self._apply_supersessions(user_id, late)
             return item
 
     def facts(self, user_id: str, *, category: str | None = None) -> builtins.list[MemoryItem]:
