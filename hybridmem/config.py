@@ -83,13 +83,13 @@ class Settings(BaseSettings):
     candidates: int = Field(default=50, ge=1, le=1000)
     vector_weight: float = Field(default=1.0, ge=0)
     lexical_weight: float = Field(default=1.0, ge=0)
-    graph_weight: float = Field(default=0.5, ge=0)
+    graph_weight: float = Field(default=0.1, ge=0)
     recency_weight: float = Field(default=0.0, ge=0)
     half_life_days: float = Field(default=30.0, gt=0)
     importance_weight: float = Field(default=0.0, ge=0)
     rrf_k: float = Field(default=60.0, gt=0)
     fusion: Literal["rrf", "weighted"] = Field(
-        default="rrf", description="How signals are fused; see hybridmem.ranking."
+        default="weighted", description="How signals are fused; see hybridmem.ranking."
     )
     graph_hops: int = Field(default=1, ge=0, le=4)
 

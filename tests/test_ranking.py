@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from hybridmem.ranking import Candidate, Weights, decay, explain, fuse
 
+RRF = Weights(fusion="rrf")
+
 
 @given(st.floats(0, 1e5), st.floats(0, 1e5), st.floats(0.01, 1e4))
 def test_decay_is_monotone_and_bounded(a: float, b: float, half_life: float) -> None:
@@ -23,14 +25,15 @@ def test_decay_half_life() -> None:
 def test_rrf_rewards_agreement() -> None:
     both = Candidate("both", vector=0.5, vector_rank=2, lexical=3.0, lexical_rank=2)
     vec_only = Candidate("vec", vector=0.9, vector_rank=1)
-    ranked = [c.memory_id for c, _ in fuse([vec_only, both], Weights())]
+    ranked = [c.memory_id for c, _ in fuse([vec_only, both], RRF)]
     assert ranked == ["both", "vec"]
 
 
 def test_graph_only_candidate_is_ranked_and_explained() -> None:
     g = Candidate("g", graph_hops=1, graph_rank=1, graph_path="alice -bought-> rog laptop")
-    (c, b), = fuse([g], Weights())
-    assert b.fused > 0 and b.graph == 0.5
+    for weights in (RRF, Weights()):
+        (c, b), = fuse([g], weights)
+        assert b.fused > 0 and b.graph == 0.5
     assert "graph: alice -bought-> rog laptop (1 hop)" in explain(b)
 
 
@@ -38,6 +41,7 @@ def test_recency_weight_zero_ignores_age_and_one_prefers_new() -> None:
     old = Candidate("old", vector=0.8, vector_rank=1, age_days=300)
     new = Candidate("new", vector=0.8, vector_rank=1, age_days=1)
     flat = fuse([old, new], Weights(recency=0.0))
+    assert flat[0][1].fused > 0
     assert flat[0][1].fused == flat[1][1].fused
     decayed = fuse([old, new], Weights(recency=1.0, half_life_days=30))
     assert decayed[0][0].memory_id == "new"
@@ -46,10 +50,10 @@ def test_recency_weight_zero_ignores_age_and_one_prefers_new() -> None:
 def test_confidence_and_importance_scale_scores() -> None:
     sure = Candidate("sure", vector_rank=1, confidence=1.0)
     unsure = Candidate("unsure", vector_rank=1, confidence=0.2)
-    assert fuse([unsure, sure], Weights())[0][0].memory_id == "sure"
+    assert fuse([unsure, sure], RRF)[0][0].memory_id == "sure"
     hi = Candidate("hi", vector_rank=1, importance=1.0)
     lo = Candidate("lo", vector_rank=1, importance=0.0)
-    assert fuse([lo, hi], Weights(importance=1.0))[0][0].memory_id == "hi"
+    assert fuse([lo, hi], Weights(fusion="rrf", importance=1.0))[0][0].memory_id == "hi"
 
 
 def test_weighted_fusion_mode() -> None:
@@ -61,5 +65,12 @@ def test_weighted_fusion_mode() -> None:
 
 def test_explain_mentions_each_signal() -> None:
     c = Candidate("x", vector=0.71, vector_rank=2, lexical=2.0, lexical_rank=3, age_days=3)
-    (_, b), = fuse([c], Weights())
+    (_, b), = fuse([c], RRF)
     assert explain(b) == "vector 0.71 #2 · bm25 #3 · 3 days old"
+
+
+def test_weighted_is_the_default_and_rewards_agreement() -> None:
+    assert Weights().fusion == "weighted"
+    both = Candidate("both", vector=0.5, vector_rank=2, lexical=3.0, lexical_rank=1)
+    vec_only = Candidate("vec", vector=0.7, vector_rank=1)
+    assert [c.memory_id for c, _ in fuse([vec_only, both], Weights())] == ["both", "vec"]
