@@ -1,0 +1,632 @@
+#!/usr/bin/env python
+"""Speed and growth of hybridmem on synthetic users: add throughput, search/context latency against
+the raw floor (one query embedding + one Chroma query), graph cost, memory and disk per memory.
+
+For each size N (default 1,000 and 10,000) one user gets N generated memories — sentences about
+customers, products, cities, dates and amounts, from a fixed seed — through ``Memory.add_many`` in
+batches of 1,000 (local embedder, rule extractor, no LLM), then a sample is added one by one with
+``Memory.add``. Embedding the same texts alone is timed too, so the overhead of storing is visible.
+After a warm-up, ``search`` and ``context`` are timed over generated questions, beside the floor
+(embed the query, ``collection.query`` on the same Chroma store) and the graph expansion alone.
+
+Usage::
+
+    python bench/latency.py [--sizes 1000,10000] [--queries 50] [--single 200] [--out PATH]
+                            [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import io
+import json
+import logging
+import os
+import platform
+import pstats
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"
+BATCH = 1000
+WARMUP = 5
+SEED = 20240501
+#: Settings fields that shape search, passed explicitly so HYBRIDMEM_* variables cannot change them.
+RANKING_FIELDS = (
+    "candidates", "vector_weight", "lexical_weight", "graph_weight", "recency_weight",
+    "half_life_days", "importance_weight", "rrf_k", "graph_hops", "context_max_tokens",
+)
+
+log = logging.getLogger("bench.latency")
+
+
+# -- synthetic users -------------------------------------------------------------------------------
+FIRST = """Alice Bruno Chen Dana Elif Farid Greta Hugo Ines Jonas Kaito Lena Marco Nadia Omar Priya
+Quentin Rosa Sven Tariq Uma Victor Wen Ximena Yusuf Zoe Amara Bjorn Carla Diego Emma Felix Gita
+Hannah Ivan Julia Kofi Lucia Mateo Noor""".split()
+LAST = """Moreau Schmidt Rossi Novak Tanaka Garcia Okafor Larsen Silva Kowalski Dubois Weber Costa
+Ivanova Nakamura Haddad Jensen Romero Fischer Almeida Kim Patel Nguyen Ortiz Berg Meyer Ricci Sato
+Lopez Horvat""".split()
+CITIES = """Lyon Berlin Porto Krakow Osaka Austin Toronto Nairobi Lisbon Seville Munich Oslo Dublin
+Milan Prague Vienna Denver Boston Madrid Zurich Helsinki Seoul Melbourne Chicago Hamburg Valencia
+Bordeaux Gothenburg Leeds Antwerp""".split()
+BRANDS = """Dell Lenovo Asus Acer Sony Samsung LG Logitech Razer Corsair BenQ Philips Bose JBL Canon
+Nikon Anker Garmin Dyson HP""".split()
+NOUNS = """laptop monitor keyboard mouse headphones webcam printer router tablet phone camera
+speakers charger dock chair desk lamp microphone projector smartwatch vacuum kettle backpack
+drone""".split()
+SERIES = """Pro Air Max Ultra Lite Plus Studio Go One Neo Prime Edge""".split()
+REASONS = [
+    "the battery died", "the screen flickered", "it arrived scratched", "it was too loud",
+    "a key stopped working", "the colour was wrong", "it overheated", "the hinge cracked",
+    "it was the wrong size",
+]
+TOPICS = """gaming|video calls|photo editing|travel|home office|running|music production|
+streaming""".replace("\n", "").split("|")
+MONTHS = """January February March April May June July August September October November
+December""".split()
+
+
+class World:
+    """A fixed cast of customers, products and places to write sentences about."""
+
+    def __init__(self, seed: int = SEED) -> None:
+        rng = random.Random(seed)
+        names = {f"{rng.choice(FIRST)} {rng.choice(LAST)}" for _ in range(400)}
+        self.customers = sorted(names)[:300]
+        products = set()
+        while len(products) < 400:
+            brand, series, noun = rng.choice(BRANDS), rng.choice(SERIES), rng.choice(NOUNS)
+            products.add(f"{brand} {series} {rng.randint(2, 99)} {noun}")
+        self.products = sorted(products)
+
+    def date(self, rng: random.Random) -> str:
+        day = datetime(2022, 1, 1) + timedelta(days=rng.randint(0, 1000))
+        return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
+
+    @staticmethod
+    def amount(rng: random.Random) -> str:
+        return f"${rng.randint(15, 2500):,}.{rng.choice(['00', '49', '99'])}"
+
+    def sentence(self, rng: random.Random) -> str:
+        c, c2 = rng.choice(self.customers), rng.choice(self.customers)
+        p, p2 = rng.choice(self.products), rng.choice(self.products)
+        city, city2 = rng.choice(CITIES), rng.choice(CITIES)
+        order = rng.randint(10_000, 999_999)
+        templates: list[Callable[[], str]] = [
+            lambda: f"{c} bought a {p} for {self.amount(rng)} in {city} on {self.date(rng)} "
+                    f"(order #{order}).",
+            lambda: f"{c} returned the {p} on {self.date(rng)} because {rng.choice(REASONS)} "
+                    f"(order #{order}).",
+            lambda: f"{c} asked whether the {p} works with the {p2}; ticket #{order}.",
+            lambda: f"{c} moved from {city} to {city2} in {rng.choice(MONTHS)} "
+                    f"{rng.randint(2019, 2024)} and updated the shipping address (ref {order}).",
+            lambda: f"The {p} pairs well with the {p2}, {c} said on {self.date(rng)} "
+                    f"(ref {order}).",
+            lambda: f"{c} prefers {rng.choice(BRANDS)} over {rng.choice(BRANDS)} for "
+                    f"{rng.choice(TOPICS)}; noted on {self.date(rng)} (ref {order}).",
+            lambda: f"Order #{order} for {c}: {rng.randint(1, 4)} x {p}, total {self.amount(rng)}, "
+                    f"shipped to {city} on {self.date(rng)}.",
+            lambda: f"{c} complained that delivery of order #{order} to {city} took "
+                    f"{rng.randint(3, 21)} days.",
+            lambda: f"{c} has a budget of {self.amount(rng)} for a new {rng.choice(NOUNS)} for "
+                    f"{rng.choice(TOPICS)} (ref {order}).",
+            lambda: f"{c} works with {c2} at a studio in {city} and shares the {p} with them "
+                    f"(ref {order}).",
+        ]
+        return rng.choice(templates)()
+
+    def sentences(self, n: int, seed: int) -> list[str]:
+        rng = random.Random(seed)
+        return [self.sentence(rng) for _ in range(n)]
+
+    def questions(self, n: int, seed: int) -> list[str]:
+        rng = random.Random(seed)
+        forms: list[Callable[[], str]] = [
+            lambda: f"What did {rng.choice(self.customers)} buy?",
+            lambda: f"Why did {rng.choice(self.customers)} return the {rng.choice(NOUNS)}?",
+            lambda: f"Does the {rng.choice(self.products)} work with my {rng.choice(NOUNS)}?",
+            lambda: f"Where does {rng.choice(self.customers)} live now?",
+            lambda: f"What is the budget of {rng.choice(self.customers)} for {rng.choice(TOPICS)}?",
+            lambda: f"Which orders were shipped to {rng.choice(CITIES)} late?",
+            lambda: f"What goes well with the {rng.choice(self.products)}?",
+            lambda: f"Who prefers {rng.choice(BRANDS)} for {rng.choice(TOPICS)}?",
+        ]
+        return [rng.choice(forms)() for _ in range(n)]
+
+
+# -- measurement helpers ---------------------------------------------------------------------------
+def ms_stats(values: Sequence[float]) -> dict[str, float]:
+    """p50/p95/mean in milliseconds of durations given in seconds."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "mean": 0.0, "n": 0}
+    arr = np.asarray(values, dtype=float) * 1000.0
+    return {
+        "p50": float(np.percentile(arr, 50)),
+        "p95": float(np.percentile(arr, 95)),
+        "mean": float(arr.mean()),
+        "n": len(values),
+    }
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def rss_mb() -> dict[str, float | None]:
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    current = None
+    try:
+        import psutil
+
+        current = psutil.Process().memory_info().rss / 2**20
+    except ImportError:
+        pass
+    return {"rss_mb": current, "peak_rss_mb": peak_kb / 1024.0}
+
+
+def disk_usage(root: Path) -> dict[str, int]:
+    """Bytes under ``root`` by part: chroma, lexical indexes, graphs, other."""
+    parts = {"chroma": 0, "lexical": 0, "graph": 0, "other": 0}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            rel = path.relative_to(root).parts
+            if rel and rel[0] == "chroma":
+                parts["chroma"] += size
+            elif name.startswith("lexical"):
+                parts["lexical"] += size
+            elif name.startswith("graph"):
+                parts["graph"] += size
+            else:
+                parts["other"] += size
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def raw_collection(data_dir: Path, user_id: str) -> Any:
+    """The user's Chroma collection, through a client of our own on the same path."""
+    from hybridmem.vector import make_chroma_client
+
+    client = make_chroma_client(path=data_dir / "chroma")
+    for col in client.list_collections():
+        col = client.get_collection(col) if isinstance(col, str) else col
+        if (col.metadata or {}).get("user_id") == user_id:
+            return client.get_collection(col.name, embedding_function=None)
+    raise RuntimeError(f"no Chroma collection for {user_id!r} under {data_dir}")
+
+
+def git_info() -> dict[str, Any]:
+    def run(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = run("rev-parse", "HEAD")
+    # The working tree may hold uncommitted changes: a hash of the package's sources pins the code.
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "hybridmem").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return {
+        "commit": commit or None,
+        "dirty": bool(run("status", "--porcelain")) if commit else None,
+        "hybridmem_sources_sha256": digest.hexdigest(),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    versions = {}
+    for name in ("chromadb", "onnxruntime", "numpy", "networkx", "tiktoken"):
+        try:
+            versions[name] = version(name)
+        except Exception:
+            versions[name] = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "packages": versions,
+    }
+
+
+# -- one size --------------------------------------------------------------------------------------
+def measure_size(
+    size: int, *, world: World, embedder: Any, root: Path, n_queries: int, n_single: int,
+    profile_to: Path | None,
+) -> dict[str, Any]:
+    from hybridmem import Memory, Settings
+
+    data_dir = root / f"n{size}"
+    fields = Settings.model_fields
+    ranking = {name: fields[name].default for name in RANKING_FIELDS if name in fields}
+    settings = Settings(data_dir=data_dir, embedder="local", extractor="rules", **ranking)
+    user = f"bench-user-{size}"
+    texts = world.sentences(size, seed=SEED + size)
+    singles = world.sentences(n_single, seed=SEED + size + 1)
+    queries = world.questions(n_queries + WARMUP, seed=SEED + size + 2)
+    out: dict[str, Any] = {"size": size, "user_memories_target": size}
+
+    # Embedding alone, batched as add_many is, and one text at a time.
+    embed_s = 0.0
+    for start in range(0, size, BATCH):
+        embed_s += timed(lambda: embedder.embed_batch(texts[start : start + BATCH]))[0]
+    embed_single = [timed(lambda t=t: embedder.embed_batch([t]))[0] for t in singles]
+    log.info("n=%d: embedding alone %.1f s (%.0f texts/s)", size, embed_s, size / embed_s)
+
+    mem = Memory(settings, embedder=embedder)
+    try:
+        add_s = 0.0
+        batch_times = []
+        for start in range(0, size, BATCH):
+            dt, _ = timed(lambda: mem.add_many(user, texts[start : start + BATCH]))
+            batch_times.append(dt)
+            add_s += dt
+        stored = mem.count(user)
+        log.info("n=%d: add_many %.1f s (%.0f memories/s), %d stored", size, add_s, size / add_s,
+                 stored)
+        single_times = [timed(lambda t=t: mem.add(user, t))[0] for t in singles]
+        log.info("n=%d: add one by one p50 %.1f ms", size, ms_stats(single_times)["p50"])
+        out["add"] = {
+            "batch_size": BATCH,
+            "batched_seconds": add_s,
+            "batched_per_s": size / add_s,
+            "batch_ms": ms_stats(batch_times),
+            "embed_only_batched_seconds": embed_s,
+            "embed_only_batched_per_s": size / embed_s,
+            "embed_share_of_add_many": embed_s / add_s,
+            "single_n": len(singles),
+            "single_ms": ms_stats(single_times),
+            "single_per_s": len(singles) / sum(single_times) if single_times else 0.0,
+            "embed_only_single_ms": ms_stats(embed_single),
+            "stored": stored,
+            "stored_after_single": mem.count(user),
+        }
+
+        # Warm-up, then search and context.
+        for q in queries[:WARMUP]:
+            mem.search(user, q)
+            mem.context(user, q)
+        timed_queries = queries[WARMUP:]
+        search_times = []
+        hit_ids: list[list[str]] = []
+        for q in timed_queries:
+            dt, hits = timed(lambda q=q: mem.search(user, q))
+            search_times.append(dt)
+            hit_ids.append([h.item.id for h in hits])
+        context_times, context_tokens = [], []
+        for q in timed_queries:
+            dt, ctx = timed(lambda q=q: mem.context(user, q))
+            context_times.append(dt)
+            context_tokens.append(ctx.tokens)
+
+        # The floor: one query embedding plus one raw Chroma query, same candidate pool.
+        collection = raw_collection(data_dir, user)
+        pool = settings.candidates
+        for q in queries[:WARMUP]:
+            collection.query(query_embeddings=embedder.embed_batch([q]), n_results=pool)
+        embed_q, chroma_q, floor, vector_ids = [], [], [], []
+        for q in timed_queries:
+            t0 = time.perf_counter()
+            vec = embedder.embed_batch([q])
+            t1 = time.perf_counter()
+            res = collection.query(query_embeddings=vec, n_results=pool,
+                                   include=["documents", "metadatas", "distances"])
+            t2 = time.perf_counter()
+            embed_q.append(t1 - t0)
+            chroma_q.append(t2 - t1)
+            floor.append(t2 - t0)
+            vector_ids.append(list(res["ids"][0]))
+        lexical_q, lexical_ids = [], []
+        for q in timed_queries:
+            dt, found = timed(lambda q=q: mem.lexical.search(user, q, limit=pool))
+            lexical_q.append(dt)
+            lexical_ids.append([m for m, _score in found])
+
+        # What search asks of Chroma beyond the floor: the same query filtered on current
+        # memories, and fetching by id the candidates the vector query did not return (lexical
+        # ones here), with and without that filter.
+        current = {"current": True}
+        chroma_filtered, get_where, get_plain, fetched = [], [], [], []
+        for q, vids, lids in zip(timed_queries, vector_ids, lexical_ids):
+            vec = embedder.embed_batch([q])
+            chroma_filtered.append(timed(lambda v=vec: collection.query(
+                query_embeddings=v, n_results=pool, where=current,
+                include=["documents", "metadatas", "distances"]))[0])
+            ids = [m for m in lids if m not in set(vids)]
+            fetched.append(len(ids))
+            if ids:
+                get_where.append(timed(lambda i=ids: collection.get(
+                    ids=i, where=current, include=["documents", "metadatas"]))[0])
+                get_plain.append(timed(lambda i=ids: collection.get(
+                    ids=i, include=["documents", "metadatas"]))[0])
+
+        # Graph expansion alone, as search does it: seeds from the query, then the top hits.
+        ent_t, hood_t, top_t, reached, seeds_n = [], [], [], [], []
+        hops = settings.graph_hops
+        for q, ids in zip(timed_queries, vector_ids):
+            dt, seeds = timed(lambda q=q: mem.graph.entities_in(user, q))
+            ent_t.append(dt)
+            seeds_n.append(len(seeds))
+            dt, hood = timed(lambda s=seeds: mem.graph.neighbourhood(user, s, hops=hops))
+            hood_t.append(dt)
+            reached.append(len(hood))
+
+            def top(ids: list[str] = ids) -> Any:
+                ents = mem.graph.entities_of(user, ids[:5])
+                return mem.graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
+
+            top_t.append(timed(top)[0])
+        graph_total = [a + b + c for a, b, c in zip(ent_t, hood_t, top_t)]
+
+        search = ms_stats(search_times)
+        floor_stats = ms_stats(floor)
+        out["search"] = {
+            "limit": 10,
+            "queries": len(timed_queries),
+            "search_ms": search,
+            "context_ms": ms_stats(context_times),
+            "context_tokens_mean": statistics.fmean(context_tokens) if context_tokens else 0.0,
+            "context_max_tokens": settings.context_max_tokens,
+            "floor_ms": floor_stats,
+            "floor_embed_ms": ms_stats(embed_q),
+            "floor_chroma_ms": ms_stats(chroma_q),
+            "lexical_ms": ms_stats(lexical_q),
+            "chroma_query_where_current_ms": ms_stats(chroma_filtered),
+            "chroma_get_by_ids_where_current_ms": ms_stats(get_where),
+            "chroma_get_by_ids_ms": ms_stats(get_plain),
+            "ids_fetched_mean": statistics.fmean(fetched) if fetched else 0.0,
+            "search_over_floor_p50": (
+                search["p50"] / floor_stats["p50"] if floor_stats["p50"] else None
+            ),
+            "candidates": pool,
+        }
+        out["graph"] = {
+            "hops": hops,
+            "entities_in_ms": ms_stats(ent_t),
+            "neighbourhood_ms": ms_stats(hood_t),
+            "top_hits_expansion_ms": ms_stats(top_t),
+            "expansion_total_ms": ms_stats(graph_total),
+            "seeds_mean": statistics.fmean(seeds_n) if seeds_n else 0.0,
+            "memories_reached_mean": statistics.fmean(reached) if reached else 0.0,
+        }
+        log.info("n=%d: search p50 %.1f ms, context p50 %.1f ms, floor p50 %.1f ms, "
+                 "graph p50 %.2f ms", size, search["p50"], out["search"]["context_ms"]["p50"],
+                 floor_stats["p50"], out["graph"]["expansion_total_ms"]["p50"])
+
+        if profile_to is not None:
+            out["profile"] = profile_calls(
+                lambda q: mem.search(user, q), timed_queries, profile_to
+            )
+            extra = world.sentences(20, seed=SEED + size + 3)
+            out["profile_add"] = profile_calls(
+                lambda t: mem.add(user, t), extra,
+                profile_to.with_name(profile_to.stem.replace("profile", "profile-add") + ".txt"),
+            )
+            out["profile_context"] = profile_calls(
+                lambda q: mem.context(user, q), timed_queries,
+                profile_to.with_name(
+                    profile_to.stem.replace("profile", "profile-context") + ".txt"
+                ),
+            )
+        out["add"]["stored_final"] = mem.count(user)
+    finally:
+        mem.close()
+
+    # Graph load: a new store instance, first access (reads and indexes graph.json).
+    store_type = type(mem.graph)
+    loads = []
+    for _ in range(3):
+        store = store_type(data_dir)
+        dt, _ = timed(lambda s=store: s.entities_in(user, "warm up"))
+        loads.append(dt)
+        store.close()
+    graph_stats = out.setdefault("graph", {})
+    graph_stats["load_ms"] = ms_stats(loads)
+    try:
+        store = store_type(data_dir)
+        exported = store.export(user)
+        nodes = exported.get("nodes", exported.get("graph", {}).get("nodes", []))
+        graph_stats["nodes"] = len(nodes)
+        store.close()
+    except Exception:  # the export layout is the graph module's business
+        graph_stats["nodes"] = None
+    disk = disk_usage(data_dir)
+    stored = out["add"]["stored_final"]
+    out["disk"] = {**disk, "bytes_per_memory": disk["total"] / stored if stored else None}
+    out["memory"] = rss_mb()
+    return out
+
+
+def profile_calls(call: Callable[[str], Any], queries: list[str], text_out: Path) -> dict[str, Any]:
+    """cProfile of ``call`` over the queries: top functions by own time and by cumulative time;
+    a pyinstrument tree is written to ``text_out`` when pyinstrument is installed."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for q in queries:
+        call(q)
+    profiler.disable()
+    total = pstats.Stats(profiler).total_tt
+
+    def top(sort: str, n: int = 15) -> list[dict[str, Any]]:
+        stream = io.StringIO()
+        stats = pstats.Stats(profiler, stream=stream)
+        stats.sort_stats(sort)
+        rows = []
+        for func in stats.fcn_list[:n]:  # type: ignore[attr-defined]
+            cc, nc, tt, ct, _callers = stats.stats[func]  # type: ignore[attr-defined]
+            filename, line, name = func
+            rows.append({
+                "function": f"{Path(filename).name}:{line}({name})",
+                "calls": nc,
+                "own_s": tt,
+                "cumulative_s": ct,
+                "share_cumulative": ct / total if total else 0.0,
+            })
+        return rows
+
+    result: dict[str, Any] = {
+        "queries": len(queries),
+        "total_s": total,
+        "top_own_time": top("tottime"),
+        "top_cumulative": top("cumulative", 30),
+    }
+    try:
+        from pyinstrument import Profiler
+
+        inst = Profiler(interval=0.0005)
+        inst.start()
+        for q in queries:
+            call(q)
+        inst.stop()
+        text_out.parent.mkdir(parents=True, exist_ok=True)
+        text_out.write_text(inst.output_text(unicode=True, color=False), encoding="utf-8")
+        result["pyinstrument_text"] = str(text_out)
+    except ImportError:
+        result["pyinstrument_text"] = None
+    return result
+
+
+# -- report ----------------------------------------------------------------------------------------
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| memories | add_many /s | embed-only /s | embed share | add() p50 ms "
+            "| search p50/p95 ms | context p50/p95 ms | floor p50 ms (embed+chroma) "
+            "| search/floor | lexical p50 ms | graph expand p50 ms | graph load ms | RSS MB "
+            "| bytes/memory |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        a, s, g = r["add"], r["search"], r["graph"]
+        lines.append(
+            f"| {r['size']:,} | {a['batched_per_s']:.0f} | {a['embed_only_batched_per_s']:.0f} "
+            f"| {a['embed_share_of_add_many']:.0%} | {a['single_ms']['p50']:.1f} "
+            f"| {s['search_ms']['p50']:.1f} / {s['search_ms']['p95']:.1f} "
+            f"| {s['context_ms']['p50']:.1f} / {s['context_ms']['p95']:.1f} "
+            f"| {s['floor_ms']['p50']:.1f} ({s['floor_embed_ms']['p50']:.1f}+"
+            f"{s['floor_chroma_ms']['p50']:.1f}) | {s['search_over_floor_p50']:.1f}x "
+            f"| {s['lexical_ms']['p50']:.2f} | {g['expansion_total_ms']['p50']:.2f} "
+            f"| {g['load_ms']['p50']:.0f} "
+            f"| {r['memory']['rss_mb'] or r['memory']['peak_rss_mb']:.0f} "
+            f"| {r['disk']['bytes_per_memory']:,.0f} |"
+        )
+    lines += ["", "Where search time goes (p50 ms, each part timed alone on the same store)", "",
+              "| memories | search | embed query | chroma query | chroma query where current "
+              "| get by ids where current (ids) | get by ids | lexical | graph expand |",
+              "|" + "---|" * 9]
+    for r in rows:
+        s, g = r["search"], r["graph"]
+        lines.append(
+            f"| {r['size']:,} | {s['search_ms']['p50']:.1f} | {s['floor_embed_ms']['p50']:.1f} "
+            f"| {s['floor_chroma_ms']['p50']:.1f} "
+            f"| {s['chroma_query_where_current_ms']['p50']:.1f} "
+            f"| {s['chroma_get_by_ids_where_current_ms']['p50']:.1f} ({s['ids_fetched_mean']:.0f}) "
+            f"| {s['chroma_get_by_ids_ms']['p50']:.1f} | {s['lexical_ms']['p50']:.2f} "
+            f"| {g['expansion_total_ms']['p50']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000",
+                        help="comma-separated user sizes (100000 works but takes long)")
+    parser.add_argument("--queries", type=int, default=50, help="timed queries per size")
+    parser.add_argument("--single", type=int, default=200, help="memories added one by one")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile search, context and add at the largest size "
+                             "(cProfile; pyinstrument too if installed)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where the stores are built (default: a temporary directory)")
+    parser.add_argument("-q", "--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    except ValueError:
+        parser.error("--sizes wants integers, e.g. 1000,10000")
+    if not sizes or min(sizes) < 1 or args.queries < 1 or args.single < 0:
+        parser.error("sizes and --queries must be positive")
+
+    from hybridmem.offline import LocalEmbedder
+
+    started = time.perf_counter()
+    dt, embedder = timed(LocalEmbedder)
+    world = World()
+    embedder.embed_batch(world.sentences(64, seed=SEED - 1))  # first runs allocate; not timed
+    out = args.out if args.out.is_absolute() else Path.cwd() / args.out
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hm-latency-") as tmp:
+        root = args.work_dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        for size in sizes:
+            profile_to = out.with_name(out.stem + f"-profile-{size}.txt") if (
+                args.profile and size == sizes[-1]) else None
+            t0 = time.perf_counter()
+            row = measure_size(size, world=world, embedder=embedder, root=root,
+                               n_queries=args.queries, n_single=args.single, profile_to=profile_to)
+            row["seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            if args.work_dir is None:
+                shutil.rmtree(root / f"n{size}", ignore_errors=True)
+    from hybridmem import Settings
+
+    result = {
+        "benchmark": "latency",
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git": git_info(),
+        "machine": {**machine_info(),
+                    "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "embedder": {"name": embedder.name, "load_seconds": dt},
+        "settings": {name: Settings.model_fields[name].default for name in RANKING_FIELDS
+                     if name in Settings.model_fields},
+        "seed": SEED,
+        "sizes": rows,
+        "elapsed_seconds": time.perf_counter() - started,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    print(markdown_table(rows))
+    profiled = [r for r in rows if r.get("profile")]
+    for r in profiled:
+        for key, what in (("profile", "search"), ("profile_context", "context"),
+                          ("profile_add", "add() of one memory")):
+            prof = r[key]
+            print(f"\nTop own time in {what} at {r['size']:,} memories ({prof['queries']} calls, "
+                  f"{prof['total_s']:.1f} s):")
+            for item in prof["top_own_time"][:8]:
+                print(f"  {item['own_s']:7.3f} s own  {item['cumulative_s']:7.3f} s cum  "
+                      f"{item['function']}")
+    print(f"\ntotal {result['elapsed_seconds']:.0f} s; JSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
