@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import hashlib
 import io
 import json
 import logging
 import os
-import platform
 import pstats
 import random
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +39,9 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import _provenance  # noqa: E402  (bench/ is not a package)
+from _provenance import git_info  # noqa: E402
 DEFAULT_OUT = REPO / "bench" / "results" / "latency.json"
 BATCH = 1000
 WARMUP = 5
@@ -217,44 +217,8 @@ def raw_collection(data_dir: Path, user_id: str) -> Any:
     raise RuntimeError(f"no Chroma collection for {user_id!r} under {data_dir}")
 
 
-def git_info() -> dict[str, Any]:
-    def run(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = run("rev-parse", "HEAD")
-    # The working tree may hold uncommitted changes: a hash of the package's sources pins the code.
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "hybridmem").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return {
-        "commit": commit or None,
-        "dirty": bool(run("status", "--porcelain")) if commit else None,
-        "hybridmem_sources_sha256": digest.hexdigest(),
-    }
-
-
 def machine_info() -> dict[str, Any]:
-    from importlib.metadata import version
-
-    versions = {}
-    for name in ("chromadb", "onnxruntime", "numpy", "networkx", "tiktoken"):
-        try:
-            versions[name] = version(name)
-        except Exception:
-            versions[name] = None
-    return {
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "packages": versions,
-    }
+    return _provenance.machine_info(("chromadb", "onnxruntime", "numpy", "networkx", "tiktoken"))
 
 
 # -- one size --------------------------------------------------------------------------------------

@@ -34,11 +34,8 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +48,9 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import _provenance  # noqa: E402  (bench/ is not a package)
+from _provenance import git_info  # noqa: E402
 DEFAULT_DATA = REPO.parent / "shared" / "bench" / "locomo" / "locomo_dev.json"
 DEFAULT_OUT = REPO / "bench" / "results" / "locomo.json"
 
@@ -450,44 +450,8 @@ def make_stemmer() -> tuple[Any, bool]:
 
 
 # -- run -------------------------------------------------------------------------------------------
-def git_info() -> dict[str, Any]:
-    def run(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = run("rev-parse", "HEAD")
-    # The working tree may hold uncommitted changes: a hash of the package's sources pins the code.
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "hybridmem").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return {
-        "commit": commit or None,
-        "dirty": bool(run("status", "--porcelain")) if commit else None,
-        "hybridmem_sources_sha256": digest.hexdigest(),
-    }
-
-
 def machine_info() -> dict[str, Any]:
-    versions = {}
-    for name in ("chromadb", "onnxruntime", "numpy", "bm25s", "networkx", "tiktoken", "PyStemmer"):
-        try:
-            from importlib.metadata import version
-
-            versions[name] = version(name)
-        except Exception:
-            versions[name] = None
-    return {
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "packages": versions,
-    }
+    return _provenance.machine_info(("chromadb", "onnxruntime", "numpy", "bm25s", "networkx", "tiktoken", "PyStemmer"))
 
 
 def sha256_of(path: Path) -> str:
