@@ -99,8 +99,8 @@ class UpdateBody(_Body):
         return None if value is None else validate_metadata(value)
 
 
-class SearchBody(_Body):
-    """A hybrid search; ``where`` filters on metadata (see :meth:`Memory.search`)."""
+class _QueryBody(_Body):
+    """A query over the user's memories, with the filters search and context share."""
 
     query: str
     limit: Limit = 10
@@ -114,20 +114,15 @@ class SearchBody(_Body):
         return validate_text(value, what="query")
 
 
-class ContextBody(_Body):
+class SearchBody(_QueryBody):
+    """A hybrid search; ``where`` filters on metadata (see :meth:`Memory.search`)."""
+
+
+class ContextBody(_QueryBody):
     """A token-bounded context; ``max_tokens`` defaults to the configured ``context_max_tokens``."""
 
-    query: str
     max_tokens: int | None = Field(default=None, ge=1)
     limit: Limit = 30
-    where: Where | None = None
-    category: str | None = None
-    include_superseded: bool = False
-
-    @field_validator("query")
-    @classmethod
-    def _query(cls, value: str) -> str:
-        return validate_text(value, what="query")
 
 
 class ChatBody(_Body):
