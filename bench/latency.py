@@ -49,7 +49,7 @@ SEED = 20240501
 #: Settings fields that shape search, passed explicitly so HYBRIDMEM_* variables cannot change them.
 RANKING_FIELDS = (
     "candidates", "vector_weight", "lexical_weight", "graph_weight", "recency_weight",
-    "half_life_days", "importance_weight", "rrf_k", "graph_hops", "context_max_tokens",
+    "half_life_days", "importance_weight", "rrf_k", "graph_hops", "context_max_tokens", "fusion",
 )
 
 log = logging.getLogger("bench.latency")
@@ -542,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hybridmem.offline import LocalEmbedder
 
     started = time.perf_counter()
+    provenance = git_info()  # at the start: the code may change while the run goes on
+    machine = machine_info()
     dt, embedder = timed(LocalEmbedder)
     world = World()
     embedder.embed_batch(world.sentences(64, seed=SEED - 1))  # first runs allocate; not timed
@@ -565,8 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "benchmark": "latency",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git": git_info(),
-        "machine": {**machine_info(),
+        "git": provenance,
+        "machine": {**machine,
                     "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
         "embedder": {"name": embedder.name, "load_seconds": dt},
         "settings": {name: Settings.model_fields[name].default for name in RANKING_FIELDS

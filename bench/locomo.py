@@ -34,6 +34,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import statistics
 import sys
@@ -73,6 +74,7 @@ RANKING_FIELDS = (
     "importance_weight",
     "rrf_k",
     "graph_hops",
+    "fusion",
 )
 
 log = logging.getLogger("bench.locomo")
@@ -326,14 +328,23 @@ class Config:
     kind: str  # "hybridmem" or "baseline"
     overrides: dict[str, Any] = field(default_factory=dict)
     data: str = "real"  # "real": session dates as they are; "shifted": last session = now
-    fusion: str = "rrf"
+    fusion: str | None = None  # None: the Settings default
     note: str = ""
+
+
+def default_fusion() -> str:
+    from hybridmem import Settings
+
+    field_ = Settings.model_fields.get("fusion")
+    return str(field_.default) if field_ is not None else "rrf"
 
 
 def default_configs() -> list[Config]:
     decay = {"recency_weight": 0.3, "half_life_days": 30.0}
+    # The fusion the defaults do not use, so both are always measured side by side.
+    other = "rrf" if default_fusion() == "weighted" else "weighted"
     return [
-        Config("hybridmem", "hybridmem", note="defaults (RRF of vector, lexical and graph)"),
+        Config("hybridmem", "hybridmem", note="Settings defaults"),
         Config("vector-only", "hybridmem", {"lexical_weight": 0.0, "graph_weight": 0.0}),
         Config("lexical-only", "hybridmem", {"vector_weight": 0.0, "graph_weight": 0.0}),
         Config("no-graph", "hybridmem", {"graph_weight": 0.0}),
@@ -341,8 +352,8 @@ def default_configs() -> list[Config]:
                note="real clock: every LoCoMo memory is years old, so decay is ~0 for all"),
         Config("decay-shifted", "hybridmem", dict(decay), data="shifted",
                note="dates shifted so each conversation's last session is 'now'"),
-        Config("weighted-fusion", "hybridmem", fusion="weighted",
-               note="w_v*sim + w_l*bm25/max + w_g*0.5^h"),
+        Config(f"{other}-fusion", "hybridmem", fusion=other,
+               note="defaults but the other fusion (see hybridmem.ranking)"),
         Config("bm25", "baseline", note="bm25s"),
         Config("dense", "baseline", note="cosine, same embedder, numpy"),
         Config("rrf(bm25,dense)", "baseline", note=f"k={RRF_K:g}"),
@@ -380,7 +391,7 @@ def settings_for(cfg: Config, data_dir: Path) -> tuple[Any, str]:
     values = {name: fields[name].default for name in RANKING_FIELDS if name in fields}
     values.update(cfg.overrides)
     how = ""
-    if cfg.fusion != "rrf":
+    if cfg.fusion is not None:
         if "fusion" in fields:
             values["fusion"] = cfg.fusion
             how = "Settings.fusion"
@@ -451,7 +462,9 @@ def make_stemmer() -> tuple[Any, bool]:
 
 # -- run -------------------------------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
-    return _provenance.machine_info(("chromadb", "onnxruntime", "numpy", "bm25s", "networkx", "tiktoken", "PyStemmer"))
+    return _provenance.machine_info(
+        ("chromadb", "onnxruntime", "numpy", "bm25s", "networkx", "tiktoken", "PyStemmer")
+    )
 
 
 def sha256_of(path: Path) -> str:
@@ -475,7 +488,7 @@ def run_hybridmem(
                 latencies.append((time.perf_counter() - start) * 1000.0)
                 rankings[f"{conv.sample_id}/{i}"] = [h.item.id for h in hits]
         weights = dataclasses.asdict(mem.weights)
-        settings = {name: getattr(mem.settings, name) for name in RANKING_FIELDS}
+        settings = {name: getattr(mem.settings, name, None) for name in RANKING_FIELDS}
     finally:
         mem.close()
     return rankings, latencies, {
@@ -612,6 +625,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not data_path.is_file():
         parser.error(f"no LoCoMo file at {data_path}")
     started = time.perf_counter()
+    provenance = git_info()  # at the start: the code may change while the run goes on
+    machine = machine_info()
     convs, stats = load_locomo(data_path, args.limit_conversations)
     log.info("loaded %d conversations, %d turns, %d QAs with evidence", stats.conversations,
              stats.turns, sum(len(c.qas) for c in convs))
@@ -699,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "name": cfg.name,
                 "kind": cfg.kind,
                 "data": cfg.data,
-                "fusion": cfg.fusion,
+                "fusion": extra.get("weights", {}).get("fusion", cfg.fusion),
                 "overrides": cfg.overrides,
                 "note": cfg.note,
                 **extra,
@@ -730,8 +745,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "benchmark": "locomo-retrieval",
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git": git_info(),
-        "machine": machine_info(),
+        "git": provenance,
+        "machine": {**machine, "loadavg_at_end": list(os.getloadavg())
+                    if hasattr(os, "getloadavg") else None},
         "data": {
             "path": str(data_path),
             "sha256": sha256_of(data_path),
