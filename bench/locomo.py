@@ -639,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     counter = TiktokenCounter(TOKEN_ENCODING)
     stemmer, stemmed = make_stemmer()
     have_bm25s = importlib.util.find_spec("bm25s") is not None
-    needs_bm25s = [c.name for c in configs if c.name == "bm25" or c.name.startswith("rrf")]
+    needs_bm25s = [c.name for c in configs
+                   if c.kind == "baseline" and (c.name == "bm25" or c.name.startswith("rrf("))]
     if needs_bm25s and not have_bm25s:
         if args.configs:
             parser.error(f"{needs_bm25s} need bm25s: pip install bm25s PyStemmer")
