@@ -130,9 +130,6 @@ def validate_metadata(metadata: object) -> dict[str, MetadataValue]:
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __repr_args__(self) -> Any:  # keep repr to the useful fields, one line
-        return super().__repr_args__()
-
 
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 
