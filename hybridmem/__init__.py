@@ -1,5 +1,11 @@
 """hybridmem: long-term memory for LLM applications — vectors, an entity graph, fused ranking and
-token-bounded context, offline by default, any OpenAI-compatible endpoint when configured."""
+token-bounded context, offline by default, any OpenAI-compatible endpoint when configured.
+
+:class:`Memory` is imported on first use (PEP 562), so ``import hybridmem`` — and importing one
+store module, as the CLI's ``--help`` does — never pulls in Chroma or the embedding runtime.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from hybridmem.config import Settings
 from hybridmem.errors import (
@@ -16,7 +22,6 @@ from hybridmem.errors import (
     NotFoundError,
     StorageError,
 )
-from hybridmem.memory import Memory
 from hybridmem.models import (
     ChatReply,
     Context,
@@ -29,6 +34,9 @@ from hybridmem.models import (
     ScoreBreakdown,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from hybridmem.memory import Memory
 
 __version__ = "0.1.0"
 
@@ -59,3 +67,11 @@ __all__ = [
     "Usage",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Memory":
+        from hybridmem.memory import Memory
+
+        return Memory
+    raise AttributeError(f"module 'hybridmem' has no attribute {name!r}")

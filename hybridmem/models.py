@@ -23,6 +23,8 @@ __all__ = [
     "ContextLine",
     "Entity",
     "Extraction",
+    "GraphEntity",
+    "GraphRelation",
     "HistoryEvent",
     "Hit",
     "MemoryItem",
@@ -30,6 +32,7 @@ __all__ = [
     "Relation",
     "ScoreBreakdown",
     "Usage",
+    "UserStats",
     "new_id",
     "utcnow",
     "validate_metadata",
@@ -240,6 +243,46 @@ class Relation(_Model):
 
     def __repr__(self) -> str:
         return f"Relation({self.subject} -{self.predicate}-> {self.object})"
+
+
+class GraphEntity(Entity):
+    """A node of a user's graph: the entity, its canonical ``key``, the surface forms it was seen
+    under and the memories that mention it."""
+
+    name: str = Field(min_length=1)
+    key: str
+    aliases: list[str] = Field(default_factory=list)
+    memory_ids: list[str] = Field(default_factory=list)
+    mentions: int = 0
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+
+    def __repr__(self) -> str:
+        return f"GraphEntity({self.name!r}, type={self.type!r}, mentions={self.mentions})"
+
+
+class GraphRelation(Relation):
+    """An edge of a user's graph for one predicate, with its nodes' keys and supporting memories
+    (``confidence`` is the highest any of them gave)."""
+
+    subject: str = Field(min_length=1)
+    object: str = Field(min_length=1)
+    subject_key: str
+    object_key: str
+    memory_ids: list[str] = Field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{self.subject} -{self.predicate}-> {self.object}"
+
+
+class UserStats(_Model):
+    """What :meth:`Memory.stats` counts for one user."""
+
+    user_id: str
+    memories: int  # current and superseded
+    current: int
+    entities: int
+    relations: int  # one per (edge, predicate)
 
 
 class Usage(_Model):

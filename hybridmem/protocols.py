@@ -1,7 +1,9 @@
 """The seams of hybridmem: each backend is a small Protocol, so tests swap real backends, never mocks.
 
-Only :mod:`hybridmem.memory` knows every seam. Stores only store: extraction, dedup, contradiction
-handling and ranking live above them.
+:mod:`hybridmem.stores` opens the default backends; the write path (:mod:`hybridmem.write`) and
+retrieval (:mod:`hybridmem.retrieval`) use them only through these Protocols. Stores only store:
+extraction, dedup, contradiction handling and ranking live above them. Optional abilities are
+declared as their own Protocols (:class:`BatchExtractor`), never probed with ``hasattr``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from hybridmem.models import Extraction, MetadataValue, Usage
+from hybridmem.filters import Filter
+from hybridmem.models import (
+    Extraction,
+    GraphEntity,
+    GraphRelation,
+    HistoryEvent,
+    MemoryItem,
+    Usage,
+)
 
 __all__ = [
     "ChatMessage",
@@ -20,9 +30,10 @@ __all__ = [
     "ChatResult",
     "Embedder",
     "Extractor",
+    "BatchExtractor",
     "GraphStore",
+    "HistoryLog",
     "LexicalIndex",
-    "StoredRecord",
     "TokenCounter",
     "VectorHit",
     "VectorStore",
@@ -51,6 +62,17 @@ class Extractor(Protocol):
 
     def extract(self, text: str, *, speaker: str | None = None) -> Extraction:
         """Entities and relations of ``text``; ``speaker`` is the subject of first-person statements."""
+        ...
+
+
+@runtime_checkable
+class BatchExtractor(Extractor, Protocol):
+    """An extractor that can do many texts in one call (an LLM: one request instead of many)."""
+
+    def extract_batch(
+        self, texts: Sequence[str], speakers: Sequence[str | None] | None = None
+    ) -> builtins.list[Extraction]:
+        """One extraction per text, in order."""
         ...
 
 
@@ -100,76 +122,73 @@ class TokenCounter(Protocol):
 
 
 @dataclass(frozen=True)
-class StoredRecord:
-    """A memory as a vector store holds it: id, document and flat metadata."""
-
-    id: str
-    text: str
-    metadata: dict[str, MetadataValue]
-
-
-@dataclass(frozen=True)
 class VectorHit:
-    """A vector store result: the record and its cosine similarity to the query."""
+    """A vector store result: the memory and its cosine similarity to the query."""
 
-    record: StoredRecord
+    item: MemoryItem
     similarity: float
 
 
 class VectorStore(Protocol):
-    """One collection per user holding our own embeddings (never the store's)."""
+    """One collection per user holding our own embeddings (never the store's).
+
+    It takes and returns :class:`MemoryItem` values and :data:`~hybridmem.filters.Filter` trees;
+    how they are laid out in the backend is the backend's business."""
 
     def upsert(
-        self,
-        user_id: str,
-        ids: Sequence[str],
-        texts: Sequence[str],
-        embeddings: Sequence[Sequence[float]],
-        metadatas: Sequence[dict[str, MetadataValue]],
-    ) -> None: ...
+        self, user_id: str, items: Sequence[MemoryItem], embeddings: Sequence[Sequence[float]]
+    ) -> None:
+        """Insert or replace memories with their vectors."""
+        ...
 
-    def update_metadata(
-        self, user_id: str, ids: Sequence[str], metadatas: Sequence[dict[str, MetadataValue]]
-    ) -> None: ...
+    def update(self, user_id: str, items: Sequence[MemoryItem]) -> None:
+        """Replace the fields of existing memories whose text did not change (vectors stay)."""
+        ...
 
     def get(
-        self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
-    ) -> builtins.list[StoredRecord]: ...
+        self, user_id: str, ids: Sequence[str], *, where: Filter | None = None
+    ) -> builtins.list[MemoryItem]:
+        """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped."""
+        ...
 
     def list(
         self,
         user_id: str,
         *,
-        where: Mapping[str, Any] | None = None,
+        where: Filter | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> builtins.list[StoredRecord]: ...
+    ) -> builtins.list[MemoryItem]:
+        """Memories matching ``where`` (all when None), in storage order."""
+        ...
 
     def query(
-        self,
-        user_id: str,
-        embedding: Sequence[float],
-        *,
-        limit: int,
-        where: Mapping[str, Any] | None = None,
-    ) -> builtins.list[VectorHit]: ...
-
-    def query_batch(
         self,
         user_id: str,
         embeddings: Sequence[Sequence[float]],
         *,
         limit: int,
-        where: Mapping[str, Any] | None = None,
-    ) -> builtins.list[builtins.list[VectorHit]]: ...
+        where: Filter | None = None,
+    ) -> builtins.list[builtins.list[VectorHit]]:
+        """One nearest-neighbour list (best first) per query embedding."""
+        ...
 
-    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, builtins.list[float]]: ...
+    def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Delete memories by id (unknown ids are ignored)."""
+        ...
 
-    def delete(self, user_id: str, ids: Sequence[str]) -> None: ...
+    def drop_user(self, user_id: str) -> None:
+        """Delete everything of the user."""
+        ...
 
-    def drop_user(self, user_id: str) -> None: ...
+    def count(self, user_id: str) -> int:
+        """How many memories the user has."""
+        ...
 
-    def count(self, user_id: str) -> int: ...
+    def purge(self) -> None:
+        """Make earlier deletions physical in files this process owns (no-op where the backend
+        manages its own files, such as a Chroma server)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -193,11 +212,13 @@ class LexicalIndex(Protocol):
 class GraphStore(Protocol):
     """One directed entity graph per user; edges remember the memory ids that support them."""
 
-    def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction) -> None: ...
+    def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]]) -> None:
+        """Add memories' entities and relations (re-adding a memory is idempotent)."""
+        ...
 
-    def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]]) -> None: ...
-
-    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None: ...
+    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
+        """Drop memories from provenance; edges and nodes nothing supports any more go."""
+        ...
 
     def entities_in(self, user_id: str, text: str) -> builtins.list[str]:
         """Canonical keys of known entities mentioned in ``text`` (names and aliases)."""
@@ -213,16 +234,51 @@ class GraphStore(Protocol):
         """Canonical keys of the entities that the given memories mention."""
         ...
 
-    def relations(self, user_id: str, memory_ids: Sequence[str] | None = None) -> builtins.list[dict[str, Any]]:
-        """Edges as dicts (subject, predicate, object, memory_ids), optionally only those supported
-        by the given memories."""
+    def entity(self, user_id: str, name: str) -> GraphEntity | None:
+        """The node a name or alias refers to, or None."""
+        ...
+
+    def entities(self, user_id: str) -> builtins.list[GraphEntity]:
+        """Every node of the user's graph, by key."""
+        ...
+
+    def relations(
+        self, user_id: str, memory_ids: Sequence[str] | None = None
+    ) -> builtins.list[GraphRelation]:
+        """One relation per (edge, predicate), optionally only those the given memories support."""
         ...
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """A readable shortest path between two entities (names or aliases), [] when none."""
         ...
 
-    def export(self, user_id: str) -> dict[str, Any]: ...
+    def export(self, user_id: str) -> dict[str, Any]:
+        """The user's graph as JSON-safe data that :meth:`import_graph` loads back."""
+        ...
+
+    def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
+        """Replace the user's graph with an :meth:`export`; InvalidInputError when malformed."""
+        ...
+
+    def drop_user(self, user_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class HistoryLog(Protocol):
+    """The per-user audit log of changes to memories."""
+
+    def record(self, user_id: str, events: Sequence[HistoryEvent]) -> None:
+        """Append events (an event id already present is ignored)."""
+        ...
+
+    def list(self, user_id: str, memory_id: str | None = None) -> builtins.list[HistoryEvent]:
+        """Events oldest first, all of the user's or one memory's."""
+        ...
+
+    def scrub(self, user_id: str, memory_ids: Sequence[str]) -> None:
+        """Remove the texts that events of deleted memories carried."""
+        ...
 
     def drop_user(self, user_id: str) -> None: ...
 
