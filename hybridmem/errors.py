@@ -8,13 +8,19 @@ Every error subclasses :class:`HybridMemError` *and* the builtin it resembles, a
     ├── InvalidInputError          (ValueError, 422)   bad text, metadata, limit, budget ...
     │   └── InvalidUserIdError     (ValueError, 422)   a user id that could not be stored safely
     ├── NotFoundError              (LookupError, 404)  unknown memory id
+    ├── ClosedError                (RuntimeError, 503) the Memory (or a store) was closed
     ├── StorageError               (RuntimeError, 500) the vector store, graph or index failed
     │   ├── CorruptStateError      (500)               a file on disk cannot be read back
-    │   └── EmbedderMismatchError  (409)               a collection was built by another embedder
+    │   ├── EmbedderMismatchError  (409)               a collection was built by another embedder
+    │   └── StoreBusyError         (503, retryable)    a database is locked by another writer
+    ├── EmbedderError              (RuntimeError, 500) the embedder failed or returned bad vectors
     └── BackendError               (RuntimeError, 502) the configured OpenAI-compatible endpoint failed
         ├── BackendUnavailableError (503)              connection refused, timeout, 5xx after retries
         ├── BackendAuthError        (502)              401/403: the key was refused
         └── BackendRateLimitError   (429)              429 after the client's retries
+
+``retryable`` is True on the classes where the same call may succeed later unchanged (a busy store,
+an unavailable or rate-limited endpoint); a server can answer those with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -24,14 +30,17 @@ __all__ = [
     "BackendError",
     "BackendRateLimitError",
     "BackendUnavailableError",
+    "ClosedError",
     "ConfigError",
     "CorruptStateError",
+    "EmbedderError",
     "EmbedderMismatchError",
     "HybridMemError",
     "InvalidInputError",
     "InvalidUserIdError",
     "NotFoundError",
     "StorageError",
+    "StoreBusyError",
 ]
 
 
@@ -39,6 +48,7 @@ class HybridMemError(Exception):
     """Base of every error hybridmem raises on purpose."""
 
     status_code: int = 500
+    retryable: bool = False
 
 
 class ConfigError(HybridMemError, ValueError):
@@ -63,6 +73,12 @@ class NotFoundError(HybridMemError, LookupError):
     status_code = 404
 
 
+class ClosedError(HybridMemError, RuntimeError):
+    """The :class:`~hybridmem.Memory` (or one of its stores) was closed; create a new one."""
+
+    status_code = 503
+
+
 class StorageError(HybridMemError, RuntimeError):
     """A store (Chroma, graph file, lexical index) failed."""
 
@@ -79,6 +95,19 @@ class EmbedderMismatchError(StorageError):
     status_code = 409
 
 
+class StoreBusyError(StorageError):
+    """Another writer holds a lock on a store's database ("database is locked"); retry later."""
+
+    status_code = 503
+    retryable = True
+
+
+class EmbedderError(HybridMemError, RuntimeError):
+    """The embedder failed, or returned the wrong number of vectors or non-finite ones."""
+
+    status_code = 500
+
+
 class BackendError(HybridMemError, RuntimeError):
     """The configured OpenAI-compatible endpoint failed (after the client's own retries)."""
 
@@ -89,6 +118,7 @@ class BackendUnavailableError(BackendError):
     """The endpoint could not be reached, timed out, or answered 5xx."""
 
     status_code = 503
+    retryable = True
 
 
 class BackendAuthError(BackendError):
@@ -101,3 +131,4 @@ class BackendRateLimitError(BackendError):
     """The endpoint kept answering 429."""
 
     status_code = 429
+    retryable = True
