@@ -207,9 +207,12 @@ def disk_usage(root: Path) -> dict[str, int]:
 
 def raw_collection(data_dir: Path, user_id: str) -> Any:
     """The user's Chroma collection, through a client of our own on the same path."""
-    from hybridmem.vector import make_chroma_client
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
 
-    client = make_chroma_client(path=data_dir / "chroma")
+    client = chromadb.PersistentClient(
+        path=str(data_dir / "chroma"), settings=ChromaSettings(anonymized_telemetry=False)
+    )
     for col in client.list_collections():
         col = client.get_collection(col) if isinstance(col, str) else col
         if (col.metadata or {}).get("user_id") == user_id:
@@ -227,6 +230,8 @@ def measure_size(
     profile_to: Path | None,
 ) -> dict[str, Any]:
     from hybridmem import Memory, Settings
+    from hybridmem.graph import NetworkXGraphStore
+    from hybridmem.lexical import SqliteLexicalIndex
 
     data_dir = root / f"n{size}"
     fields = Settings.model_fields
@@ -293,6 +298,9 @@ def measure_size(
 
         # The floor: one query embedding plus one raw Chroma query, same candidate pool.
         collection = raw_collection(data_dir, user)
+        # The stages of search, each timed alone on stores of our own over the same files.
+        lexical = SqliteLexicalIndex(data_dir)
+        graph = NetworkXGraphStore(data_dir)
         pool = settings.candidates
         for q in queries[:WARMUP]:
             collection.query(query_embeddings=embedder.embed_batch([q]), n_results=pool)
@@ -310,7 +318,7 @@ def measure_size(
             vector_ids.append(list(res["ids"][0]))
         lexical_q, lexical_ids = [], []
         for q in timed_queries:
-            dt, found = timed(lambda q=q: mem.lexical.search(user, q, limit=pool))
+            dt, found = timed(lambda q=q: lexical.search(user, q, limit=pool))
             lexical_q.append(dt)
             lexical_ids.append([m for m, _score in found])
 
@@ -336,16 +344,16 @@ def measure_size(
         ent_t, hood_t, top_t, reached, seeds_n = [], [], [], [], []
         hops = settings.graph_hops
         for q, ids in zip(timed_queries, vector_ids):
-            dt, seeds = timed(lambda q=q: mem.graph.entities_in(user, q))
+            dt, seeds = timed(lambda q=q: graph.entities_in(user, q))
             ent_t.append(dt)
             seeds_n.append(len(seeds))
-            dt, hood = timed(lambda s=seeds: mem.graph.neighbourhood(user, s, hops=hops))
+            dt, hood = timed(lambda s=seeds: graph.neighbourhood(user, s, hops=hops))
             hood_t.append(dt)
             reached.append(len(hood))
 
             def top(ids: list[str] = ids) -> Any:
-                ents = mem.graph.entities_of(user, ids[:5])
-                return mem.graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
+                ents = graph.entities_of(user, ids[:5])
+                return graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
 
             top_t.append(timed(top)[0])
         graph_total = [a + b + c for a, b, c in zip(ent_t, hood_t, top_t)]
@@ -405,7 +413,9 @@ def measure_size(
         mem.close()
 
     # Graph load: a new store instance, first access (reads and indexes graph.json).
-    store_type = type(mem.graph)
+    lexical.close()
+    graph.close()
+    store_type = NetworkXGraphStore
     loads = []
     for _ in range(3):
         store = store_type(data_dir)
@@ -416,12 +426,9 @@ def measure_size(
     graph_stats["load_ms"] = ms_stats(loads)
     try:
         store = store_type(data_dir)
-        exported = store.export(user)
-        nodes = exported.get("nodes", exported.get("graph", {}).get("nodes", []))
-        graph_stats["nodes"] = len(nodes)
+        graph_stats["nodes"] = len(store.entities(user))
+    finally:
         store.close()
-    except Exception:  # the export layout is the graph module's business
-        graph_stats["nodes"] = None
     disk = disk_usage(data_dir)
     stored = out["add"]["stored_final"]
     out["disk"] = {**disk, "bytes_per_memory": disk["total"] / stored if stored else None}

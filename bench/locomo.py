@@ -392,11 +392,8 @@ def settings_for(cfg: Config, data_dir: Path) -> tuple[Any, str]:
     values.update(cfg.overrides)
     how = ""
     if cfg.fusion is not None:
-        if "fusion" in fields:
-            values["fusion"] = cfg.fusion
-            how = "Settings.fusion"
-        else:
-            how = "Memory.weights (Settings has no fusion field)"
+        values["fusion"] = cfg.fusion
+        how = "Settings.fusion"
     settings = Settings(data_dir=data_dir, embedder="local", extractor="rules", **values)
     return settings, how
 
@@ -405,10 +402,7 @@ def open_memory(cfg: Config, data_dir: Path, embedder: Any) -> tuple[Any, str]:
     from hybridmem import Memory
 
     settings, how = settings_for(cfg, data_dir)
-    mem = Memory(settings, embedder=embedder)
-    if how.startswith("Memory.weights"):
-        mem.weights = dataclasses.replace(mem.weights, fusion=cfg.fusion)
-    return mem, how
+    return Memory(settings, embedder=embedder), how
 
 
 # -- baselines -------------------------------------------------------------------------------------
@@ -487,8 +481,9 @@ def run_hybridmem(
                 hits = mem.search(conv.user, qa.question, limit=MAX_RANK)
                 latencies.append((time.perf_counter() - start) * 1000.0)
                 rankings[f"{conv.sample_id}/{i}"] = [h.item.id for h in hits]
-        weights = dataclasses.asdict(mem.weights)
         settings = {name: getattr(mem.settings, name, None) for name in RANKING_FIELDS}
+        weights = {name.removesuffix("_weight"): value for name, value in settings.items()
+                   if name.endswith("_weight") or name in ("fusion", "rrf_k", "half_life_days")}
     finally:
         mem.close()
     return rankings, latencies, {

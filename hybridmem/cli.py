@@ -19,10 +19,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem.config import Settings
-from hybridmem.errors import HybridMemError
-from hybridmem.memory import Memory
-from hybridmem.models import Hit
+from pydantic import ValidationError
+
+from hybridmem import HybridMemError, Hit, Memory, Settings
+from hybridmem.models import pydantic_message
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 out = Console()
@@ -44,8 +44,9 @@ def _memory(data_dir: Optional[Path], **overrides: Any) -> Iterator[Memory]:
     except HybridMemError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(code=1) from None
-    except ValueError as exc:  # settings validation
-        err.print(f"[red]error:[/red] {exc}".splitlines()[0], highlight=False)
+    except ValidationError as exc:  # settings validation: name the setting and the problem
+        err.print(f"error: invalid setting: {pydantic_message(exc.errors())}",
+                  highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
 
 
@@ -235,26 +236,21 @@ def export(
         text = json.dumps(mem.export(user_id), indent=2, ensure_ascii=False)
         if output is None:
             print(text)
-        else:
-            from hybridmem._files import atomic_write_bytes
-
-            atomic_write_bytes(output, text.encode("utf-8"))
+        else:  # a temporary file beside it, then a rename: never a half-written export
+            tmp = output.with_name(f".{output.name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(output)
 
 
 @app.command()
 def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = JsonOpt) -> None:
     """Counts for one user."""
     with _memory(data_dir) as mem:
-        data = {
-            "user_id": user_id,
-            "memories": mem.count(user_id),
-            "entities": len(mem.graph.export(user_id).get("nodes", [])),
-            "relations": len(mem.graph.relations(user_id)),
-        }
+        data = mem.stats(user_id)
         if as_json:
-            print(json.dumps(data))
+            print(data.model_dump_json())
         else:
-            for key, value in data.items():
+            for key, value in data.model_dump().items():
                 out.print(f"{key}: {value}")
 
 
@@ -283,8 +279,9 @@ def serve(
         raise typer.BadParameter("use debug, info, warning or error", param_hint="--log-level")
     try:
         settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
-    except ValueError as exc:
-        err.print(f"error: {exc}".splitlines()[0], highlight=False, markup=False, soft_wrap=True)
+    except ValidationError as exc:
+        err.print(f"error: invalid setting: {pydantic_message(exc.errors())}",
+                  highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
     if not settings.server_keys() and not _is_loopback(host):
         err.print(f"error: refusing to serve on {host} without an API key; set "

@@ -1,4 +1,8 @@
-"""Context packing: the best lines that fit a token budget, counted exactly with tiktoken.
+"""Context assembly and packing: what enters a context, in what order, within a token budget.
+
+:func:`assemble` decides what may enter and in which priority: the three best memories first, then
+conversation summaries, relations of the top memories, the other memories, and key facts the
+search did not find. :func:`build_context` packs them, counted exactly with tiktoken.
 
 The whole text, headers, separators and the ``<memory>`` wrapper included, never exceeds
 ``max_tokens``. Lines are taken greedily in priority order; a line is never cut unless the single
@@ -8,13 +12,19 @@ escaped (``<`` and ``&``) so a memory cannot close the wrapper and pose as instr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from hybridmem.models import Context, ContextLine
+from hybridmem.models import Context, ContextLine, GraphRelation, Hit, MemoryItem
 from hybridmem.protocols import TokenCounter
 
-__all__ = ["ContextCandidate", "build_context"]
+__all__ = ["ContextCandidate", "assemble", "build_context", "line_of"]
+
+#: Memories placed before summaries and relations; the rest follow them.
+LEADING_MEMORIES = 3
+#: Most relations of the top memories offered to a context.
+MAX_RELATIONS = 8
 
 Section = Literal["facts", "relations", "memories", "episodes"]
 SECTION_ORDER: tuple[Section, ...] = ("facts", "relations", "episodes", "memories")
@@ -36,6 +46,49 @@ class ContextCandidate:
     text: str
     memory_id: str | None = None
     why: str = ""
+
+
+def line_of(item: MemoryItem) -> str:
+    """A memory as one context line: its date, who said it (unless the user), its text, and
+    when it stopped being valid if it did."""
+    who = "" if item.source == "user" else f"({item.source}) "
+    old = "" if item.is_current else (
+        f" (superseded {item.invalid_at:%Y-%m-%d})" if item.invalid_at else " (superseded)"
+    )
+    return f"[{item.created_at:%Y-%m-%d}] {who}{item.text}{old}"
+
+
+def _section(item: MemoryItem) -> Section:
+    if item.key:
+        return "facts"
+    return "episodes" if item.kind == "summary" else "memories"
+
+
+def assemble(
+    hits: Sequence[Hit],
+    *,
+    facts: Sequence[MemoryItem] = (),
+    relations: Sequence[GraphRelation] = (),
+    episodes: Sequence[Hit] = (),
+) -> list[ContextCandidate]:
+    """Every line that may enter a context, best first: the top memories, summaries, relations,
+    the other memories, then key facts. Facts and episodes the search already found appear once,
+    in the section of the memory itself."""
+    found = {h.item.id for h in hits}
+    memories = [ContextCandidate(_section(h.item), line_of(h.item), h.item.id, h.why) for h in hits]
+    summaries = [
+        ContextCandidate("episodes", line_of(h.item), h.item.id, h.why)
+        for h in episodes if h.item.id not in found
+    ]
+    edges = [
+        ContextCandidate("relations", str(r), None, "graph relation of the top memories")
+        for r in relations[:MAX_RELATIONS]
+    ]
+    keyed = [
+        ContextCandidate("facts", line_of(f), f.id, "key fact") for f in facts if f.id not in found
+    ]
+    lead = memories[:LEADING_MEMORIES]
+    return lead + summaries + edges + memories[LEADING_MEMORIES:] + keyed
 
 
 def _escape(text: str) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "Scalar",
     "all_of",
     "eq",
+    "memory_filter",
     "parse_where",
 ]
 
@@ -91,6 +92,18 @@ def all_of(*filters: Filter | None) -> Filter | None:
     if not present:
         return None
     return present[0] if len(present) == 1 else AllOf(present)
+
+
+def memory_filter(
+    where: Mapping[str, Any] | None, *, category: str | None = None, current_only: bool = True
+) -> Filter | None:
+    """The filter of a list/search call: the caller's ``where``, a category, and (unless
+    superseded memories are wanted) only current memories."""
+    return all_of(
+        parse_where(where),
+        eq("category", category) if category is not None else None,
+        eq("current", True) if current_only else None,
+    )
 
 
 def parse_where(where: Mapping[str, Any] | None) -> Filter | None:
@@ -158,7 +171,7 @@ def _condition(key: str, value: object) -> Condition:
         checked = _scalar(key, operand)
         if op in _ORDERED and _kind(checked) != "number":
             raise InvalidInputError(f"{op} on {key!r} needs a number")
-    return Condition(key, op, checked, metadata=key not in SYSTEM_FIELDS)  # type: ignore[arg-type]
+    return Condition(key, op, checked, metadata=key not in SYSTEM_FIELDS)
 
 
 def _scalar(key: str, value: object) -> Scalar:

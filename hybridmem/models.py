@@ -9,14 +9,23 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
 
 from hybridmem.errors import InvalidInputError, InvalidUserIdError
 
 __all__ = [
+    "MAX_LIMIT",
     "MAX_TEXT_CHARS",
     "ChatReply",
     "Context",
@@ -31,9 +40,13 @@ __all__ = [
     "MetadataValue",
     "Relation",
     "ScoreBreakdown",
+    "Text",
+    "UpdateRequest",
     "Usage",
     "UserStats",
     "new_id",
+    "pydantic_message",
+    "to_request",
     "utcnow",
     "validate_metadata",
     "validate_text",
@@ -42,6 +55,8 @@ __all__ = [
 
 #: Longest memory text accepted (characters). Longer input is refused, not truncated.
 MAX_TEXT_CHARS = 20_000
+#: Most results one list or search call returns.
+MAX_LIMIT = 1000
 #: Longest user id accepted (characters).
 MAX_USER_ID_CHARS = 256
 MAX_METADATA_KEYS = 64
@@ -347,32 +362,65 @@ class ChatReply(_Model):
         return f"ChatReply(model={self.model!r}, text={text!r}, usage={self.usage.total_tokens})"
 
 
+#: A memory text, a query or a message: non-blank, at most :data:`MAX_TEXT_CHARS`, no NUL.
+Text = Annotated[str, AfterValidator(validate_text)]
+#: A flat dict of JSON scalars with simple keys (see :func:`validate_metadata`).
+Metadata = Annotated[dict[str, MetadataValue], BeforeValidator(validate_metadata)]
+#: A category or source label.
+Label = Annotated[str, Field(min_length=1, max_length=64)]
+#: A time; naive times are taken as UTC.
+UtcTime = Annotated[datetime, AfterValidator(as_utc)]
+
+
 class AddRequest(BaseModel):
     """Validated input of :meth:`Memory.add` (also the REST body of one memory)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str
+    text: Text
     kind: Literal["fact", "turn", "summary"] = "fact"
-    category: str = Field(default="general", min_length=1, max_length=64)
+    category: Label = "general"
     importance: Unit = 0.5
     confidence: Unit = 1.0
-    source: str = Field(default="user", min_length=1, max_length=64)
-    created_at: datetime | None = None
-    expires_at: datetime | None = None
-    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    source: Label = "user"
+    created_at: UtcTime | None = None
+    expires_at: UtcTime | None = None
+    metadata: Metadata = Field(default_factory=dict)
 
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        return validate_text(value)
 
-    @field_validator("metadata", mode="before")
-    @classmethod
-    def _metadata(cls, value: object) -> dict[str, MetadataValue]:
-        return validate_metadata(value)
+class UpdateRequest(BaseModel):
+    """Validated input of :meth:`Memory.update` (also its REST body): the fields to change; those
+    left out (or None) keep their value. ``metadata`` replaces the whole dict."""
 
-    @field_validator("created_at", "expires_at")
-    @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        return None if value is None else as_utc(value)
+    model_config = ConfigDict(extra="forbid")
+
+    text: Text | None = None
+    category: Label | None = None
+    importance: Unit | None = None
+    confidence: Unit | None = None
+    metadata: Metadata | None = None
+    expires_at: UtcTime | None = None
+
+
+def to_request(item: object) -> AddRequest:
+    """One memory to add — a text, a dict of :meth:`Memory.add`'s fields or an AddRequest —
+    validated, or :class:`InvalidInputError` naming the field."""
+    if isinstance(item, AddRequest):
+        return item
+    if isinstance(item, str):
+        item = {"text": item}
+    if not isinstance(item, Mapping):
+        raise InvalidInputError("each memory must be a text or a dict with a 'text' field")
+    try:
+        return AddRequest.model_validate({k: v for k, v in item.items() if v is not None})
+    except ValidationError as exc:
+        raise InvalidInputError(pydantic_message(exc.errors())) from exc
+
+
+def pydantic_message(errors: Sequence[Mapping[str, Any]]) -> str:
+    """Pydantic's error list (``exc.errors()``) as one readable line ("field: problem; ...")."""
+    parts = []
+    for e in errors:
+        loc = ".".join(str(p) for p in e.get("loc", ()))
+        parts.append(f"{loc}: {e.get('msg', '')}" if loc else str(e.get("msg", "")))
+    return "; ".join(parts)

@@ -1,4 +1,5 @@
-"""Write-path policy: what counts as a duplicate and what contradicts what. Pure functions, no I/O.
+"""Write-path rules: what counts as a duplicate, what contradicts what, and what a merged memory
+looks like. Pure functions, no I/O: :mod:`hybridmem.write` applies them to the stores.
 
 Cheap first, models last: a normalised-text hash finds identical memories; token Jaccard and
 embedding cosine find near-duplicates; a functional predicate with a new object (``lives_in``,
@@ -8,20 +9,26 @@ only asked about pairs in the undecided cosine band (see :data:`JUDGE_SCHEMA`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from hybridmem.lexical import content_words
-from hybridmem.models import MetadataValue, Relation
+from hybridmem.models import AddRequest, MemoryItem, MetadataValue, Relation
+from hybridmem.text import content_words, entity_key
 
 __all__ = [
     "FUNCTIONAL_PREDICATES",
     "JUDGE_SCHEMA",
     "Verdict",
+    "bumped",
     "conflicting",
+    "doomed",
+    "functional",
     "jaccard",
     "merge_metadata",
+    "merged",
     "near_duplicate",
     "parse_verdict",
     "richer_text",
@@ -84,18 +91,58 @@ def merge_metadata(
     return {**new, **old}
 
 
+def bumped(base: MemoryItem, request: AddRequest, now: datetime) -> MemoryItem:
+    """An identical memory said again: one more mention, the higher confidence and importance."""
+    return base.model_copy(update={
+        "mention_count": base.mention_count + 1,
+        "confidence": max(base.confidence, request.confidence),
+        "importance": max(base.importance, request.importance),
+        "metadata": merge_metadata(base.metadata, request.metadata),
+        "updated_at": now,
+    })
+
+
+def merged(into: MemoryItem, new: MemoryItem, now: datetime) -> MemoryItem:
+    """``new`` folded into the near-duplicate ``into``: the richer text, the union of metadata,
+    the mentions added up, the higher confidence and importance."""
+    return into.model_copy(update={
+        "text": richer_text(into.text, new.text),
+        "mention_count": into.mention_count + new.mention_count,
+        "confidence": max(into.confidence, new.confidence),
+        "importance": max(into.importance, new.importance),
+        "metadata": merge_metadata(into.metadata, new.metadata),
+        "updated_at": now,
+    })
+
+
+def doomed(
+    items: Iterable[MemoryItem], *, now: datetime, min_importance: float, idle_days: float
+) -> tuple[list[MemoryItem], list[MemoryItem]]:
+    """The retention policy: (expired memories, idle ones) — idle means importance below
+    ``min_importance`` and not accessed (or created) for ``idle_days``."""
+    cutoff = now - timedelta(days=idle_days)
+    expired, idle = [], []
+    for item in items:
+        if item.expires_at is not None and item.expires_at <= now:
+            expired.append(item)
+        elif item.importance < min_importance and (item.last_accessed_at or item.created_at) < cutoff:
+            idle.append(item)
+    return expired, idle
+
+
 def _head(name: str) -> str:
     words = content_words(name)
     return words[-1] if words else ""
 
 
-def conflicting(
-    new: Relation, old: Relation, *, canonical: Any = lambda s: " ".join(s.casefold().split())
-) -> bool:
-    """True when ``new`` contradicts ``old``: same subject and functional predicate, new object."""
-    if new.predicate != old.predicate or canonical(new.subject) != canonical(old.subject):
+def conflicting(new: Relation, old: Relation) -> bool:
+    """True when ``new`` contradicts ``old``: same subject and functional predicate, new object.
+
+    Names are compared by :func:`hybridmem.text.entity_key`, exactly as the graph keys its nodes,
+    so "the ROG laptop" and "ROG laptop" are one subject here as they are one node there."""
+    if new.predicate != old.predicate or entity_key(new.subject) != entity_key(old.subject):
         return False
-    if canonical(new.object) == canonical(old.object):
+    if entity_key(new.object) == entity_key(old.object):
         return False
     if new.predicate in FUNCTIONAL_PREDICATES:
         return True
@@ -114,8 +161,6 @@ def functional(relations: Iterable[Relation]) -> list[Relation]:
 
 def parse_verdict(text: str) -> Verdict | None:
     """The judge's verdict from its JSON reply, None when unreadable."""
-    import json
-
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end <= start:
         return None

@@ -28,6 +28,7 @@ __all__ = [
     "ChatMessage",
     "ChatModel",
     "ChatResult",
+    "Closeable",
     "Embedder",
     "Extractor",
     "BatchExtractor",
@@ -86,10 +87,21 @@ class ChatResult:
 
 
 @runtime_checkable
+class Closeable(Protocol):
+    """Something that holds a resource (a connection pool, a file) until closed."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class ChatModel(Protocol):
-    """An OpenAI-compatible chat endpoint (or anything that behaves like one)."""
+    """An OpenAI-compatible chat endpoint (or anything that behaves like one).
+
+    ``last_usage`` is the usage of the last finished :meth:`stream` (zeros when the endpoint
+    reported none)."""
 
     model: str
+    last_usage: Usage
 
     def complete(
         self,

@@ -19,29 +19,29 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
 from fastapi import APIRouter, Body, FastAPI, Query, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hybridmem.errors import ConfigError, HybridMemError
-from hybridmem.memory import MAX_LIMIT, Memory
+from hybridmem import Memory
 from hybridmem.models import (
+    MAX_LIMIT,
     AddRequest,
     ChatReply,
     Context,
     Hit,
     MemoryItem,
-    MetadataValue,
-    validate_metadata,
-    validate_text,
+    Text,
+    UpdateRequest,
+    pydantic_message,
 )
 
 __all__ = ["create_app"]
@@ -78,40 +78,18 @@ AddBody = Annotated[
 ]
 
 
-class UpdateBody(_Body):
-    """Fields to change; those left out (or null) keep their value. A new text is re-embedded."""
-
-    text: str | None = None
-    category: str | None = Field(default=None, min_length=1, max_length=64)
-    importance: float | None = Field(default=None, ge=0.0, le=1.0)
-    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
-    metadata: dict[str, MetadataValue] | None = None
-    expires_at: datetime | None = None
-
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value: str | None) -> str | None:
-        return None if value is None else validate_text(value)
-
-    @field_validator("metadata", mode="before")
-    @classmethod
-    def _metadata(cls, value: object) -> dict[str, MetadataValue] | None:
-        return None if value is None else validate_metadata(value)
+#: The fields to change (see :class:`~hybridmem.models.UpdateRequest`).
+UpdateBody = UpdateRequest
 
 
 class _QueryBody(_Body):
     """A query over the user's memories, with the filters search and context share."""
 
-    query: str
+    query: Text
     limit: Limit = 10
     where: Where | None = None
     category: str | None = None
     include_superseded: bool = False
-
-    @field_validator("query")
-    @classmethod
-    def _query(cls, value: str) -> str:
-        return validate_text(value, what="query")
 
 
 class SearchBody(_QueryBody):
@@ -128,14 +106,9 @@ class ContextBody(_QueryBody):
 class ChatBody(_Body):
     """A chat turn answered with the user's memory; ``stream`` answers as server-sent events."""
 
-    message: str
+    message: Text
     max_context_tokens: int | None = Field(default=None, ge=1)
     stream: bool = False
-
-    @field_validator("message")
-    @classmethod
-    def _message(cls, value: str) -> str:
-        return validate_text(value, what="message")
 
 
 class Deleted(BaseModel):
@@ -325,14 +298,13 @@ def _errors(app: FastAPI) -> None:
         if exc.status_code >= 500:
             log.warning("%s %s failed: %s", request.method, _template(request.scope),
                         type(exc).__name__)
-        return _error_response(exc.status_code, type(exc).__name__, str(exc))
+        retry = {"Retry-After": "1"} if exc.retryable else {}
+        return _error_response(exc.status_code, type(exc).__name__, str(exc), **retry)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = exc.errors()
-        message = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in details
-        )
+        message = pydantic_message(details)
         # FastAPI's own ``detail`` stays, for clients that know it; ``input`` echoes what the
         # client sent (it could be memory text), so it is dropped.
         detail = [{k: v for k, v in e.items() if k not in {"input", "ctx", "url"}}

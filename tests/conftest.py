@@ -11,8 +11,9 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,9 +59,38 @@ def unique_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(params=["embedded", "server"])
+def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """Each Memory test runs twice: on embedded Chroma (None) and on a real `chroma run` (its
+    URL). The server is shared by the session, so every collection is deleted after a test."""
+    if request.param == "embedded":
+        yield None
+        return
+    url: str = request.getfixturevalue("chroma_server")
+    yield url
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    port = int(url.rsplit(":", 1)[1])
+    client = chromadb.HttpClient(host="127.0.0.1", port=port,
+                                 settings=ChromaSettings(anonymized_telemetry=False))
+    for collection in client.list_collections():
+        client.delete_collection(collection.name)
+
+
 @pytest.fixture()
-def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "hm")
+def make_settings(tmp_path: Path, chroma_url: str | None) -> Callable[..., Settings]:
+    """Settings on a fresh data dir (``name`` picks a second one) in this test's Chroma mode."""
+
+    def make(name: str = "hm", **fields: Any) -> Settings:
+        return Settings(data_dir=tmp_path / name, chroma_url=chroma_url, **fields)
+
+    return make
+
+
+@pytest.fixture()
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
 
 
 @pytest.fixture()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,10 @@ from openai_wire import OpenAIWireServer, Reply
 
 
 @pytest.fixture()
-def llm_mem(tmp_path: Path, openai_server: OpenAIWireServer, embedder: LocalEmbedder) -> Iterator[Memory]:
-    s = Settings(data_dir=tmp_path / "hm", base_url=openai_server.base_url, api_key="sk-test",
-                 chat_model="test-model", max_retries=0, request_timeout=5, episode_turns=0)
+def llm_mem(make_settings: Any, openai_server: OpenAIWireServer, embedder: LocalEmbedder
+            ) -> Iterator[Memory]:
+    s = make_settings(base_url=openai_server.base_url, api_key="sk-test", chat_model="test-model",
+                      max_retries=0, request_timeout=5, episode_turns=0)
     with Memory(s, embedder=embedder) as mem:
         yield mem
 
@@ -103,10 +105,10 @@ def test_batch_extraction_is_one_call_per_sixteen(
 
 
 def test_episodes_are_summarised_and_get_a_place_in_context(
-    tmp_path: Path, openai_server: OpenAIWireServer, embedder: LocalEmbedder
+    make_settings: Any, openai_server: OpenAIWireServer, embedder: LocalEmbedder
 ) -> None:
-    s = Settings(data_dir=tmp_path / "hm", base_url=openai_server.base_url, api_key="sk-test",
-                 max_retries=0, episode_turns=4, extractor="rules")
+    s = make_settings(base_url=openai_server.base_url, api_key="sk-test", max_retries=0,
+                      episode_turns=4, extractor="rules")
     with Memory(s, embedder=embedder) as mem:
         openai_server.script(Reply.text("The user asked about a late parcel; it was reshipped."))
         mem.add_messages("u", [

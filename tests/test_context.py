@@ -6,7 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridmem.context import ContextCandidate, build_context
+from datetime import datetime, timezone
+
+from hybridmem.context import ContextCandidate, assemble, build_context, line_of
+from hybridmem.models import GraphRelation, Hit, MemoryItem
 from hybridmem.offline import TiktokenCounter
 
 
@@ -71,3 +74,32 @@ def test_whole_lines_only_when_something_fits(counter: TiktokenCounter) -> None:
 def test_tiny_budget_gives_empty_context(counter: TiktokenCounter) -> None:
     ctx = build_context([ContextCandidate("memories", "hello")], counter=counter, max_tokens=3)
     assert ctx.text == "" and ctx.tokens == 0
+
+
+def _hit(memory_id: str, text: str, **fields: object) -> Hit:
+    when = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    item = MemoryItem(id=memory_id, user_id="u", text=text, created_at=when, updated_at=when,
+                      **fields)  # type: ignore[arg-type]
+    return Hit(item=item, score=1.0, why=f"why {memory_id}")
+
+
+def test_assemble_orders_sections_and_keeps_each_memory_once() -> None:
+    hits = [_hit(f"m{i}", f"memory {i}") for i in range(5)]
+    hits.insert(1, _hit("k1", "plan: gold", key="plan"))  # a key fact the search found
+    summary = _hit("s1", "we talked about laptops", kind="summary", source="system")
+    facts = [hits[1].item, _hit("k2", "city: Lyon", key="city").item]
+    relation = GraphRelation(subject="Alice", predicate="bought", object="ROG laptop",
+                             subject_key="alice", object_key="rog laptop", memory_ids=["m0"])
+    lines = assemble(hits, facts=facts, relations=[relation], episodes=[summary, hits[0]])
+    assert [(c.section, c.memory_id) for c in lines] == [
+        ("memories", "m0"), ("facts", "k1"), ("memories", "m1"),  # the three best first
+        ("episodes", "s1"),  # summaries the search did not find
+        ("relations", None),
+        ("memories", "m2"), ("memories", "m3"), ("memories", "m4"),
+        ("facts", "k2"),  # key facts the search did not find, last
+    ]
+    assert lines[0].text == "[2026-01-02] memory 0" and lines[0].why == "why m0"
+    assert lines[3].text == "[2026-01-02] (system) we talked about laptops"
+    assert lines[4].text == "Alice -bought-> ROG laptop"
+    superseded = _hit("old", "I live in Paris", invalid_at=datetime(2026, 3, 1, tzinfo=timezone.utc))
+    assert line_of(superseded.item) == "[2026-01-02] I live in Paris (superseded 2026-03-01)"

@@ -180,11 +180,11 @@ def test_export_import_roundtrip_property(tmp_path_factory: pytest.TempPathFacto
     assert _comparable(again) == _comparable(bundle)
 
 
-def test_llm_judge_decides_the_undecided_band(tmp_path: Path, openai_server, embedder) -> None:
+def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embedder) -> None:
     from openai_wire import Reply  # the real OpenAI-wire server's scripted reply
 
-    s = Settings(data_dir=tmp_path / "hm", base_url=openai_server.base_url, api_key="sk-test",
-                 max_retries=0, extractor="rules", judge_band_min=0.3, dedup_cosine=0.99)
+    s = make_settings(base_url=openai_server.base_url, api_key="sk-test", max_retries=0,
+                      extractor="rules", judge_band_min=0.3, dedup_cosine=0.99)
     with Memory(s, embedder=embedder) as mem:
         old = mem.add("u", "My favourite coffee shop is Blue Bottle on Main Street.")
         openai_server.script(Reply.text('{"verdict": "UPDATE", "reason": "changed"}'))

@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from hybridmem import Memory, Settings, __version__
+from hybridmem import Memory, Settings, Usage, __version__
 from hybridmem.errors import BackendUnavailableError, ConfigError
 from hybridmem.offline import LocalEmbedder
 from hybridmem.protocols import ChatResult
@@ -65,14 +65,17 @@ class Service:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["embedded", "server"])
 def service(
-    tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+    embedder: LocalEmbedder,
 ) -> Iterator[Service]:
-    """One server for the module, keys from settings (two of them); tests use their own users."""
+    """One service per Chroma mode (embedded, and a real `chroma run`), keys from settings (two
+    of them); tests use their own users."""
+    chroma_url = request.getfixturevalue("chroma_server") if request.param == "server" else None
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("server") / "hm", server_api_key=KEYS,
-        extractor="rules", base_url=None, chroma_url=None,
+        extractor="rules", base_url=None, chroma_url=chroma_url,
     )
     with Memory(settings, embedder=embedder) as memory:
         with serve(create_app(memory, max_body_bytes=BODY_LIMIT)) as url:
@@ -479,6 +482,7 @@ class _BreaksMidStream:
     """A chat model whose stream sends one piece, then loses the endpoint."""
 
     model = "breaks-mid-stream"
+    last_usage = Usage()
 
     def complete(self, messages: Any, **_: Any) -> ChatResult:
         return ChatResult(text="unused")

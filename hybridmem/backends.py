@@ -1,0 +1,191 @@
+"""What a :class:`~hybridmem.Memory` opens when it is not handed a backend: the one place that
+maps :class:`~hybridmem.Settings` to concrete embedders, extractors, token counters and stores.
+
+Everything is imported lazily, so choosing the hash embedder never loads ONNX, and an offline
+Memory never imports the OpenAI client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hybridmem._files import remove_tree, user_dir
+from hybridmem.config import Settings
+from hybridmem.errors import EmbedderError, HybridMemError
+from hybridmem.protocols import (
+    ChatModel,
+    Embedder,
+    Extractor,
+    GraphStore,
+    HistoryLog,
+    LexicalIndex,
+    TokenCounter,
+    VectorStore,
+)
+
+__all__ = [
+    "Stores",
+    "default_chat",
+    "default_counter",
+    "default_embedder",
+    "default_extractor",
+    "embed_checked",
+    "open_stores",
+    "rule_extractor",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The four stores of a Memory, used only through their Protocols."""
+
+    vectors: VectorStore
+    lexical: LexicalIndex
+    graph: GraphStore
+    history: HistoryLog
+
+    def drop_user(self, settings: Settings, user_id: str) -> None:
+        """Erase everything of the user in every store, then the user's folder, then make the
+        deletions physical (embedded Chroma keeps deleted rows in free pages until VACUUM)."""
+        self.vectors.drop_user(user_id)
+        self.lexical.drop_user(user_id)
+        self.graph.drop_user(user_id)
+        self.history.drop_user(user_id)
+        remove_tree(user_dir(settings.data_dir, user_id, create=False))
+        self.vectors.purge()
+
+    def close(self) -> None:
+        """Close every store, even if one fails; the first failure is raised at the end."""
+        failure: BaseException | None = None
+        for store in (self.vectors, self.lexical, self.graph, self.history):
+            try:
+                store.close()
+            except Exception as exc:  # keep closing the others
+                log.warning("closing %s failed: %s", type(store).__name__, exc)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
+def open_stores(
+    settings: Settings,
+    embedder: Embedder,
+    *,
+    vectors: VectorStore | None = None,
+    lexical: LexicalIndex | None = None,
+    graph: GraphStore | None = None,
+    history: HistoryLog | None = None,
+) -> Stores:
+    """The given stores, and the defaults for the rest: embedded files under ``data_dir``, or
+    with ``chroma_url`` the shared server (graph and lexical index then derived from it)."""
+    s = settings
+    if vectors is None:
+        from hybridmem.vector import ChromaVectorStore
+
+        vectors = ChromaVectorStore(
+            embedder_name=embedder.name,
+            dimension=embedder.dimension,
+            path=None if s.chroma_url else s.data_dir / "chroma",
+            url=s.chroma_url,
+            scrub_heap=s.scrub_heap,
+        )
+    if lexical is None:
+        if s.chroma_url:  # shared by every process: a cache of the server's documents
+            from hybridmem.shared import ChromaLexicalIndex
+
+            lexical = ChromaLexicalIndex(url=s.chroma_url)
+        else:
+            from hybridmem.lexical import SqliteLexicalIndex
+
+            lexical = SqliteLexicalIndex(s.data_dir)
+    if graph is None:
+        if s.chroma_url:  # shared by every process: rebuilt from records in the server
+            from hybridmem.shared import ChromaGraphStore
+
+            graph = ChromaGraphStore(url=s.chroma_url)
+        else:
+            from hybridmem.graph import NetworkXGraphStore
+
+            graph = NetworkXGraphStore(s.data_dir)
+    if history is None:
+        from hybridmem.history import HistoryStore
+
+        history = HistoryStore(s.data_dir)
+    return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history)
+
+
+def default_embedder(settings: Settings) -> Embedder:
+    """``embedder="local"`` (MiniLM, offline), ``"openai"`` (the configured endpoint) or
+    ``"hash"`` (deterministic, for tests and tiny machines)."""
+    if settings.embedder == "openai":
+        from hybridmem.openai_compat import OpenAIEmbedder
+
+        return OpenAIEmbedder(settings)
+    if settings.embedder == "hash":
+        from hybridmem.offline import HashEmbedder
+
+        return HashEmbedder()
+    from hybridmem.offline import LocalEmbedder
+
+    return LocalEmbedder(threads=settings.onnx_threads)
+
+
+def default_extractor(settings: Settings, chat: ChatModel | None) -> Extractor | None:
+    """``extractor="auto"``: the LLM when an endpoint is configured (``chat`` is then the chat
+    model to use), else the offline rules; ``"none"``: no graph."""
+    choice = settings.extractor
+    if choice == "none":
+        return None
+    if chat is not None and (choice == "llm" or (choice == "auto" and settings.llm_configured)):
+        from hybridmem.openai_compat import LLMExtractor
+
+        return LLMExtractor(chat)
+    return rule_extractor()
+
+
+def wants_llm_extractor(settings: Settings) -> bool:
+    """Whether :func:`default_extractor` needs a chat model."""
+    return settings.extractor == "llm" or (
+        settings.extractor == "auto" and settings.llm_configured
+    )
+
+
+def rule_extractor() -> Extractor:
+    """The offline rule extractor (also the fallback when a model fails)."""
+    from hybridmem.extract import RuleExtractor
+
+    return RuleExtractor()
+
+
+def default_chat(settings: Settings) -> ChatModel:
+    """The chat endpoint of ``base_url`` / ``chat_model``."""
+    from hybridmem.openai_compat import OpenAIChat
+
+    return OpenAIChat(settings)
+
+
+def default_counter(settings: Settings) -> TokenCounter:
+    """Exact tiktoken counting with the shipped encoding files."""
+    from hybridmem.offline import TiktokenCounter
+
+    return TiktokenCounter(settings.token_encoding)
+
+
+def embed_checked(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """``embedder.embed_batch(texts)``, with any failure that is not already one of ours, or a
+    wrong number of vectors, raised as :class:`EmbedderError`."""
+    try:
+        vectors = embedder.embed_batch(list(texts))
+    except HybridMemError:
+        raise
+    except Exception as exc:
+        raise EmbedderError(f"the embedder {embedder.name!r} failed: {exc}") from exc
+    if len(vectors) != len(texts):
+        raise EmbedderError(
+            f"the embedder {embedder.name!r} returned {len(vectors)} vectors for {len(texts)} texts"
+        )
+    return vectors

@@ -1,0 +1,196 @@
+"""The read path: hybrid search, and the bookkeeping a search leaves behind.
+
+:meth:`Retriever.search` gathers candidates from three retrievers — the vector store (cosine), the
+lexical index (BM25) and the graph (memories within ``graph_hops`` of the entities the query names
+or the top hits mention) — hydrates them from the vector store, drops expired ones and fuses the
+signals with :func:`hybridmem.ranking.fuse`. :class:`AccessLog` counts what searches returned in
+memory and writes the counts in batches, so a search never waits for a write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from hybridmem.backends import Stores
+from hybridmem.config import Settings
+from hybridmem.filters import Filter, eq
+from hybridmem.models import Hit, MemoryItem, utcnow
+from hybridmem.ranking import Candidate, Weights, explain, fuse
+
+__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "AccessLog", "Extras", "Retriever"]
+
+#: How many of the top hits lend their entities to graph expansion.
+GRAPH_SEED_HITS = 5
+#: Buffered memory accesses written to the store at once.
+ACCESS_FLUSH = 512
+#: Seconds a "does this user have key facts / episodes" answer is reused by context().
+EXTRAS_TTL = 5.0
+Embed = Callable[[Sequence[str]], list[list[float]]]
+
+
+def weights_of(settings: Settings) -> Weights:
+    """The fusion weights and constants the settings name (see :mod:`hybridmem.ranking`)."""
+    return Weights(
+        vector=settings.vector_weight,
+        lexical=settings.lexical_weight,
+        graph=settings.graph_weight,
+        recency=settings.recency_weight,
+        half_life_days=settings.half_life_days,
+        importance=settings.importance_weight,
+        rrf_k=settings.rrf_k,
+        fusion=settings.fusion,
+    )
+
+
+class Retriever:
+    """Hybrid search over one Memory's stores."""
+
+    def __init__(self, settings: Settings, stores: Stores, *, embed: Embed) -> None:
+        self._settings = settings
+        self._stores = stores
+        self._embed = embed
+        self.weights = weights_of(settings)
+
+    def search(self, user_id: str, query: str, *, limit: int, where: Filter | None) -> list[Hit]:
+        """The ``limit`` best memories for ``query`` among those matching ``where``."""
+        s, w = self._settings, self.weights
+        pool = max(s.candidates, limit)
+        items: dict[str, MemoryItem] = {}
+        cands: dict[str, Candidate] = {}
+
+        def cand(memory_id: str) -> Candidate:
+            return cands.setdefault(memory_id, Candidate(memory_id))
+
+        if w.vector > 0 or not w.lexical > 0:
+            qvec = self._embed([query])[0]
+            hits = self._stores.vectors.query(user_id, [qvec], limit=pool, where=where)[0]
+            for rank, hit in enumerate(hits, 1):
+                items[hit.item.id] = hit.item
+                c = cand(hit.item.id)
+                c.vector, c.vector_rank = hit.similarity, rank
+        if w.lexical > 0:
+            found = self._stores.lexical.search(user_id, query, limit=pool)
+            for rank, (memory_id, score) in enumerate(found, 1):
+                c = cand(memory_id)
+                c.lexical, c.lexical_rank = score, rank
+        if w.graph > 0:
+            self._graph_candidates(user_id, query, list(cands), cand, pool)
+        missing = [m for m in cands if m not in items]
+        if missing:
+            items.update((i.id, i) for i in self._stores.vectors.get(user_id, missing, where=where))
+        now = utcnow()
+        for memory_id in list(cands):
+            item = items.get(memory_id)
+            if item is None or (item.expires_at is not None and item.expires_at <= now):
+                del cands[memory_id]
+                continue
+            c = cands[memory_id]
+            c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
+            c.importance, c.confidence = item.importance, item.confidence
+        ranked = fuse(list(cands.values()), w)[:limit]
+        return [
+            Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
+            for c, b in ranked
+        ]
+
+    def _graph_candidates(
+        self, user_id: str, query: str, found: list[str], cand: Callable[[str], Candidate],
+        pool: int,
+    ) -> None:
+        """Memories near the query's entities (hop h) and near the top hits' entities (h + 1)."""
+        graph, hops = self._stores.graph, self._settings.graph_hops
+        seeds = graph.entities_in(user_id, query)
+        reached: dict[str, tuple[int, str]] = {}
+        if seeds:
+            reached.update(graph.neighbourhood(user_id, seeds, hops=hops))
+        top_entities = graph.entities_of(user_id, found[:GRAPH_SEED_HITS])
+        if top_entities and hops > 0:
+            near = graph.neighbourhood(user_id, top_entities, hops=hops - 1)
+            for memory_id, (h, path) in near.items():
+                if memory_id not in reached or reached[memory_id][0] > h + 1:
+                    reached[memory_id] = (h + 1, path)
+        ordered = sorted(reached.items(), key=lambda kv: kv[1][0])[:pool]
+        for rank, (memory_id, (h, path)) in enumerate(ordered, 1):
+            c = cand(memory_id)
+            c.graph_hops, c.graph_path, c.graph_rank = h, path, rank
+
+
+class AccessLog:
+    """Access counts of returned memories, buffered in memory and written in batches."""
+
+    def __init__(self, stores: Stores, lock_for: Callable[[str], threading.RLock]) -> None:
+        self._stores = stores
+        self._lock_for = lock_for
+        self._pending: dict[str, dict[str, tuple[int, datetime]]] = {}
+        self._guard = threading.Lock()
+
+    def note(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
+        """Count one access of each id; flush when :data:`ACCESS_FLUSH` are buffered."""
+        with self._guard:
+            seen = self._pending.setdefault(user_id, {})
+            for memory_id in ids:
+                count, _ = seen.get(memory_id, (0, now))
+                seen[memory_id] = (count + 1, now)
+            pending = sum(len(v) for v in self._pending.values())
+        if pending >= ACCESS_FLUSH:
+            self.flush()
+
+    def forget(self, user_id: str) -> None:
+        """Drop what is buffered for a user being erased."""
+        with self._guard:
+            self._pending.pop(user_id, None)
+
+    def flush(self, user_id: str | None = None) -> None:
+        """Write buffered counts and last-accessed times (all users', or one user's)."""
+        with self._guard:
+            if user_id is None:
+                pending, self._pending = self._pending, {}
+            else:
+                pending = {user_id: self._pending.pop(user_id)} if user_id in self._pending else {}
+        for uid, seen in pending.items():
+            with self._lock_for(uid):
+                items = [
+                    item.model_copy(update={
+                        "access_count": item.access_count + seen[item.id][0],
+                        "last_accessed_at": seen[item.id][1],
+                    })
+                    for item in self._stores.vectors.get(uid, list(seen))
+                ]
+                if items:
+                    self._stores.vectors.update(uid, items)
+
+
+class Extras:
+    """Whether a user has key facts / summary episodes, for context(). Each answer costs the
+    vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this process's
+    own writes refresh it at once; another process's new fact or episode shows within the TTL)."""
+
+    def __init__(self, stores: Stores) -> None:
+        self._stores = stores
+        self._cache: dict[str, tuple[float, bool, bool]] = {}
+        self._guard = threading.Lock()
+
+    def of(self, user_id: str) -> tuple[bool, bool]:
+        now = time.monotonic()
+        with self._guard:
+            cached = self._cache.get(user_id)
+        if cached is not None and cached[0] > now:
+            return cached[1], cached[2]
+        vectors = self._stores.vectors
+        has_facts = bool(vectors.list(user_id, where=eq("has_key", True), limit=1))
+        has_episodes = bool(vectors.list(user_id, where=eq("kind", "summary"), limit=1))
+        with self._guard:
+            self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes)
+        return has_facts, has_episodes
+
+    def changed(self, user_id: str, items: Sequence[MemoryItem]) -> None:
+        """Forget the cached answer when a write added or changed a key fact or an episode."""
+        if any(i.key or i.kind == "summary" for i in items):
+            self.forget(user_id)
+
+    def forget(self, user_id: str) -> None:
+        with self._guard:
+            self._cache.pop(user_id, None)
