@@ -5,7 +5,7 @@ to the query's ("ROG laptop" <-complements- "Dell 4K monitor"). Each user's grap
 ``networkx.DiGraph`` kept in memory and saved atomically to ``data_dir/users/<hash>/graph.json``
 as node-link JSON wrapped in ``{"schema": 1, "graph": ...}``.
 
-Nodes are keyed by :func:`canonical` names, so "ROG laptop", "the rog  Laptop" and "ROG Laptop."
+Nodes are keyed by :func:`hybridmem.text.entity_key`, so "ROG laptop", "the rog  Laptop" and "ROG Laptop."
 are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases`` (surface forms),
 ``first_seen``/``last_seen`` (ISO UTC), ``mentions`` (number of memories mentioning it) and
 ``memory_ids``. Edge attributes: ``predicates``, ``evidence`` ({predicate: {memory id: confidence}},
@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import threading
-import unicodedata
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -35,8 +34,9 @@ import networkx as nx
 from hybridmem._files import atomic_write_bytes, user_dir, user_key, user_lock
 from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, as_utc, utcnow
+from hybridmem.text import entity_key, words
 
-__all__ = ["GRAPH_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore", "canonical"]
+__all__ = ["GRAPH_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore"]
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +44,8 @@ SCHEMA = 1
 GRAPH_FILE = "graph.json"
 #: Longest entity name (in words) that :meth:`NetworkXGraphStore.entities_in` can recognise.
 MAX_NGRAM = 6
-_DETERMINERS = frozenset({"the", "a", "an", "my"})
-# Punctuation stripped from the ends of words; "$", "%", "#", "&", "+" and "@" carry meaning.
-_PUNCT = "!\"'()*,-./:;<=>?[\\]^_`{|}~“”‘’«»…–—¿¡·•"
 _NOT_ENTITIES = frozenset({"i", "me", "my", "you", "it", "we", "us", "he", "she", "they", "this"})
 _Edge = tuple[str, str]
-
-
-def _word(token: str) -> str:
-    word = token.strip(_PUNCT)
-    if word.endswith(("'s", "’s")):
-        word = word[:-2]
-    return word
-
-
-def _words(text: str) -> list[str]:
-    return [_word(t) for t in unicodedata.normalize("NFKC", text).casefold().split()]
-
-
-def canonical(name: str) -> str:
-    """The node key of an entity name: NFKC, casefolded, whitespace collapsed, punctuation stripped
-    from the ends of each word (and a possessive "'s"), one leading "the/a/an/my" dropped.
-
-    Plurals are kept as they are ("mice" stays "mice"): naive stemming merges distinct products
-    ("AirPods", "Glasses") and would be wrong more often than it helps.
-    """
-    words = [w for w in _words(name) if w]
-    if len(words) > 1 and words[0] in _DETERMINERS:
-        words = words[1:]
-    return " ".join(words)
 
 
 @dataclass
@@ -93,7 +66,7 @@ class _UserGraph:
         self.mem_edges.clear()
         for key, attrs in self.graph.nodes(data=True):
             for alias in {key, *attrs["aliases"]}:
-                self.aliases.setdefault(canonical(alias), set()).add(key)
+                self.aliases.setdefault(entity_key(alias), set()).add(key)
             for mid in attrs["memory_ids"]:
                 self.mem_nodes.setdefault(mid, set()).add(key)
         for u, v, attrs in self.graph.edges(data=True):
@@ -102,7 +75,7 @@ class _UserGraph:
 
     def resolve(self, name: str, key: str | None = None) -> str | None:
         """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
-        key = canonical(name) if key is None else key
+        key = entity_key(name) if key is None else key
         if key in self.graph:
             return key
         found = self.aliases.get(key)
@@ -297,7 +270,7 @@ class NetworkXGraphStore:
             for memory_id, extraction in items:
                 names = [e.name for e in extraction.entities]
                 names += [n for r in extraction.relations for n in (r.subject, r.object)]
-                keys = {n: canonical(n) for n in dict.fromkeys(names)}
+                keys = {n: entity_key(n) for n in dict.fromkeys(names)}
                 types = {keys[e.name]: e.type for e in extraction.entities}
                 for ent in extraction.entities:
                     self._node(st, ent.name, keys[ent.name], ent.type, memory_id, seen)
@@ -435,12 +408,14 @@ class NetworkXGraphStore:
         """
         with self._lock:
             st = self._state(user_id)
-            words = _words(text)
+            # A token that is only punctuation (" - ") normalises to no word; it stays as "" so
+            # that no n-gram spans it.
+            tokens = [w for token in text.split() for w in words(token) or [""]]
             found: dict[str, None] = {}
-            i, n = 0, len(words)
+            i, n = 0, len(tokens)
             while i < n:
                 for size in range(min(MAX_NGRAM, n - i), 0, -1):
-                    gram = words[i : i + size]
+                    gram = tokens[i : i + size]
                     if not all(gram) or (size == 1 and gram[0] in _NOT_ENTITIES):
                         continue
                     keys = st.aliases.get(" ".join(gram))
