@@ -1,4 +1,4 @@
-"""hybridmem.text: the one normaliser that graph keys, dedup, contradiction and lexical search share."""
+"""hybridmem.text: one normaliser shared by graph keys, dedup, contradiction and lexical search."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_normalise_and_hash_ignore_case_spacing_and_edge_punctuation() -> None:
 
 def test_content_words_are_what_a_full_text_index_holds() -> None:
     assert content_words("The NEAR near, Near!") == ["near"]
-    assert content_words("Which monitor fits my ROG laptop?") == ["monitor", "fits", "rog", "laptop"]
+    question = "Which monitor fits my ROG laptop?"
+    assert content_words(question) == ["monitor", "fits", "rog", "laptop"]
     assert content_words("the and of") == []
     assert content_words("USB-C cable") == ["usb", "c", "cable"]
