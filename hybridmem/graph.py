@@ -151,8 +151,7 @@ class NetworkXGraphStore:
 
     def _state(self, user_id: str) -> _UserGraph:
         """The user's graph, loaded lazily and re-read if another process rewrote the file."""
-        if self._closed:
-            raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
+        self._check_open()
         key = user_key(user_id)
         st = self._users.get(key)
         if st is None:
@@ -161,6 +160,10 @@ class NetworkXGraphStore:
         elif key not in self._dirty and _stamp(st.path) != st.stamp:
             self._load(st)
         return st
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
 
     def _load(self, st: _UserGraph) -> None:
         stamp = _stamp(st.path)
@@ -319,6 +322,7 @@ class NetworkXGraphStore:
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""
+        self._check_open()
         with self._lock, self._file_lock(user_id):
             path = self._path(user_id)
             try:

@@ -406,6 +406,9 @@ def test_close_is_idempotent_and_refuses_use(store: NetworkXGraphStore) -> None:
         store.entities_in("u", "a")
     with pytest.raises(ClosedError):
         store.relations("u")
+    with pytest.raises(ClosedError):
+        store.drop_user("u")
+    assert NetworkXGraphStore(store.data_dir).relations("u")  # nothing was deleted
 
 
 def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None:

@@ -1,4 +1,4 @@
-"""HistoryStore: the per-user audit log: order, idempotent imports, scrubbing, isolation, lifecycle."""
+"""HistoryStore: the per-user audit log (order, idempotent imports, scrubbing, lifecycle)."""
 
 from __future__ import annotations
 
