@@ -22,11 +22,19 @@ import networkx as nx
 
 from hybridmem.models import as_utc
 
-__all__ = ["SCHEMA", "from_json_bytes", "graph_from", "node_link", "refresh_edge", "to_json_bytes"]
+__all__ = [
+    "MAX_PREDICATE",
+    "SCHEMA",
+    "from_json_bytes",
+    "graph_from",
+    "node_link",
+    "refresh_edge",
+    "to_json_bytes",
+]
 
 SCHEMA = 1
 #: Longest predicate a relation may carry (as :class:`~hybridmem.models.Relation` allows).
-_MAX_PREDICATE = 100
+MAX_PREDICATE = 100
 
 
 def refresh_edge(attrs: dict[str, Any]) -> None:
@@ -106,8 +114,8 @@ def _evidence(attrs: Mapping[str, Any], where: str) -> dict[str, dict[str, float
         evidence = {p: dict.fromkeys(mids, conf) for p in preds}
     out: dict[str, dict[str, float]] = {}
     for pred, support in evidence.items():
-        if not isinstance(pred, str) or not pred.strip() or len(pred) > _MAX_PREDICATE:
-            raise ValueError(f"{where}: predicate {pred!r} is not 1-{_MAX_PREDICATE} characters")
+        if not isinstance(pred, str) or not pred.strip() or len(pred) > MAX_PREDICATE:
+            raise ValueError(f"{where}: predicate {pred!r} is not 1-{MAX_PREDICATE} characters")
         if not isinstance(support, Mapping):
             raise ValueError(f"{where}: evidence of {pred!r} is not a {{memory id: confidence}}")
         out[pred] = {str(m): _confidence(c, f"{where}: {pred}") for m, c in support.items()}

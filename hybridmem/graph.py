@@ -32,6 +32,7 @@ import networkx as nx
 
 from hybridmem._files import atomic_write_bytes, user_dir, user_key, user_lock
 from hybridmem._graphio import (
+    MAX_PREDICATE,
     SCHEMA,
     from_json_bytes,
     graph_from,
@@ -234,7 +235,8 @@ class NetworkXGraphStore:
                     if not st.graph.has_edge(u, v):
                         st.graph.add_edge(u, v, evidence={})
                     attrs = st.graph.edges[u, v]
-                    pred = "_".join(rel.predicate.casefold().split()) or "related_to"
+                    pred = "_".join(rel.predicate.casefold().split())[:MAX_PREDICATE]
+                    pred = pred or "related_to"  # (casefolding can lengthen: "ß" -> "ss")
                     support = attrs["evidence"].setdefault(pred, {})
                     support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
                     refresh_edge(attrs)

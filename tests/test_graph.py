@@ -325,6 +325,13 @@ def test_export_import_round_trip(store: NetworkXGraphStore) -> None:
         store.import_graph("copy", {"schema": 1, "graph": {"nodes": "nope"}})
 
 
+def test_a_long_predicate_survives_a_reload(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(("alice", "ß" * 100, "Lyon")))  # casefolds to 200 chars
+    (rel,) = NetworkXGraphStore(tmp_path).relations("u")
+    assert rel.predicate == "s" * 100
+
+
 def test_entities_are_typed_and_sorted_by_key(store: NetworkXGraphStore) -> None:
     at = datetime(2024, 3, 3, 12, 0, tzinfo=timezone.utc)
     store.add_extraction("u", "m2", ex(("Zoe", "bought", "ROG laptop")), at=at)
