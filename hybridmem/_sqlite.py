@@ -3,34 +3,93 @@
 A file per user means forgetting a user deletes one file and no other user's rows ever share a
 page with theirs. Writes are durable (``synchronous=FULL``, a rollback journal) and deleted rows
 are zeroed (``secure_delete``).
+
+Every write goes through :meth:`PerUserSqlite._write`, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` that
+rolls back on any failure, and every SQLite error leaves as one of ours (:func:`storage_error`):
+:class:`~hybridmem.errors.StoreBusyError` (retryable) when another connection holds the lock past
+``timeout``, :class:`~hybridmem.errors.CorruptStateError` when the file is not a readable database,
+:class:`~hybridmem.errors.StorageError` otherwise. A closed store raises
+:class:`~hybridmem.errors.ClosedError` instead of quietly opening new connections.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hybridmem._files import user_dir, user_key
-from hybridmem.errors import CorruptStateError
+from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
 
-__all__ = ["PerUserSqlite"]
+__all__ = ["PerUserSqlite", "storage_error"]
+
+log = logging.getLogger(__name__)
+
+_S = TypeVar("_S", bound="PerUserSqlite")
+
+# SQLite primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the
+# low byte. Python < 3.11 does not expose them, so the messages SQLite gives them are the fallback.
+_BUSY = {5: "database is locked", 6: "database table is locked"}  # SQLITE_BUSY, SQLITE_LOCKED
+_CORRUPT = {11: "malformed", 26: "not a database"}  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def _matches(exc: sqlite3.Error, codes: dict[int, str]) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in codes
+    return any(text in str(exc) for text in codes.values())
+
+
+def storage_error(exc: sqlite3.Error, doing: str) -> StorageError:
+    """Our error for a SQLite failure while ``doing`` something (raise it ``from exc``)."""
+    if _matches(exc, _BUSY):
+        return StoreBusyError(
+            f"could not {doing}: the database is locked by another connection ({exc}); retry later"
+        )
+    if _matches(exc, _CORRUPT):
+        return CorruptStateError(
+            f"could not {doing}: the file is not a readable SQLite database ({exc}); move it away "
+            "(the lexical index can be rebuilt from the memories) or restore it from a backup"
+        )
+    return StorageError(f"could not {doing}: {exc}")
 
 
 class PerUserSqlite:
-    """Connections cached per user behind one lock; subclasses name the file and its schema."""
+    """Connections cached per user behind one lock; subclasses name the file and its schema.
+
+    ``timeout`` is how long (seconds) a statement waits for another connection's lock before
+    :class:`~hybridmem.errors.StoreBusyError` is raised.
+    """
 
     file_name = "store.sqlite3"
     what = "store"
     schema: tuple[str, ...] = ()
 
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
+    def __init__(self, data_dir: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        self._data_dir = Path(data_dir)
+        self._timeout = timeout
         self._conns: dict[str, sqlite3.Connection] = {}
         self._lock = threading.RLock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"open_users={len(self._conns)}"
+        return f"{type(self).__name__}(data_dir={str(self._data_dir)!r}, {state})"
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
         """The user's connection (call with the lock held); None if absent and not ``create``."""
+        if self._closed:
+            raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
         key = user_key(user_id)
         conn = self._conns.get(key)
         if conn is not None:
@@ -39,30 +98,97 @@ class PerUserSqlite:
         if not create and not path.exists():
             return None
         try:
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                str(path), timeout=self._timeout, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise storage_error(exc, f"open the {self.what} {path}") from exc
+        try:
             conn.execute("PRAGMA journal_mode=DELETE")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA secure_delete=ON")
             for statement in self.schema:
                 conn.execute(statement)
-        except sqlite3.DatabaseError as exc:
-            raise CorruptStateError(f"the {self.what} {path} cannot be opened: {exc}") from exc
+        except sqlite3.Error as exc:
+            conn.close()
+            raise storage_error(exc, f"open the {self.what} {path}") from exc
         self._conns[key] = conn
         return conn
+
+    def _write(
+        self,
+        user_id: str,
+        doing: str,
+        work: Callable[[sqlite3.Connection], object],
+        *,
+        create: bool = True,
+    ) -> None:
+        """Run ``work`` in one transaction on the user's database: all of it or none of it.
+
+        With ``create=False`` a user without a file is left alone (nothing to delete or scrub).
+        ``BEGIN IMMEDIATE`` takes the write lock up front, so a busy database fails (after
+        ``timeout``) before anything was done, never halfway.
+        """
+        with self._lock:
+            conn = self._conn(user_id, create=create)
+            if conn is None:
+                return
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                work(conn)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback(user_id, conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise storage_error(exc, f"{doing} of {user_id!r}") from exc
+                raise
+
+    def _rollback(self, user_id: str, conn: sqlite3.Connection) -> None:
+        """Undo the open transaction, if any; a failing rollback must not hide the first error,
+        and its connection is dropped (SQLite undoes the transaction when the file is reopened)."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.warning("rollback failed in the %s; reopening it", self.what, exc_info=True)
+            self._conns.pop(user_key(user_id), None)
+            conn.close()
+
+    def _read(
+        self, user_id: str, doing: str, sql: str, args: Sequence[object] = ()
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one query on the user's database ([] when the user has no file)."""
+        with self._lock:
+            conn = self._conn(user_id, create=False)
+            if conn is None:
+                return []
+            try:
+                return conn.execute(sql, tuple(args)).fetchall()
+            except sqlite3.Error as exc:
+                raise storage_error(exc, f"{doing} of {user_id!r}") from exc
 
     def drop_user(self, user_id: str) -> None:
         """Close and delete the user's file (and any journal beside it)."""
         with self._lock:
+            if self._closed:
+                raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
             conn = self._conns.pop(user_key(user_id), None)
             if conn is not None:
                 conn.close()
             folder = user_dir(self._data_dir, user_id, create=False)
             for suffix in ("", "-journal", "-wal", "-shm"):
-                (folder / (self.file_name + suffix)).unlink(missing_ok=True)
+                path = folder / (self.file_name + suffix)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise StorageError(f"could not delete {path}: {exc}") from exc
 
     def close(self) -> None:
-        """Close every connection; idempotent."""
+        """Close every connection; idempotent. The store refuses use afterwards."""
         with self._lock:
-            for conn in self._conns.values():
+            self._closed = True
+            conns, self._conns = list(self._conns.values()), {}
+            for conn in conns:
                 conn.close()
-            self._conns.clear()
+

@@ -13,6 +13,9 @@ Relations hang on a fixed verb table: "I/we <verb>" or a verb opening the senten
 as subject; otherwise the subject is the name or short noun phrase just before the verb, or the
 last product for "it". Objects are cut at the first clause boundary, lose their determiners and
 keep their last six words. Negated likes become "dislikes"; other negated facts are skipped.
+
+Names are compared by :func:`hybridmem.text.entity_key`, the graph's node key: "the ROG laptop"
+and "ROG Laptop." are one entity here exactly when they are one node there.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hybridmem.models import Entity, Extraction, Relation
+from hybridmem.text import entity_key
 
 __all__ = ["RuleExtractor"]
 
@@ -367,10 +371,10 @@ def _subject_np(
 
 
 def _object_type(obj: str, pred: str, spans: Sequence[_Span]) -> str:
-    low = obj.lower()
+    low, key = obj.lower(), entity_key(obj)
     implied = _PRED_TYPE.get(pred)
     for s in spans:
-        if s.text.lower() == low:
+        if entity_key(s.text) == key:
             if implied and s.type in {"thing", "person", "place", "org"}:
                 return implied
             return s.type
@@ -399,7 +403,7 @@ class RuleExtractor:
         if (
             m
             and m.group(1).lower() not in _NOT_SPEAKERS
-            and (speaker is None or speaker.casefold() == m.group(1).casefold())
+            and (speaker is None or entity_key(speaker) == entity_key(m.group(1)))
         ):
             speaker, text = m.group(1), m.group(2)
         who = (speaker or "user").strip()[:_MAX_NAME] or "user"
@@ -409,18 +413,19 @@ class RuleExtractor:
         last_product: str | None = None  # what "it" most likely means in the next sentence
 
         def entity(name: str, type_: str, force: bool = False) -> None:
-            key = name.lower()
+            key = entity_key(name)
             old = entities.get(key)
             if old is None or force or (old.type == "thing" and type_ != "thing"):
                 entities[key] = Entity(name=name, type=type_)
 
         def relate(subj: str, pred: str, obj: str, conf: float) -> None:
-            if subj.lower() != obj.lower():
+            s_key, o_key = entity_key(subj), entity_key(obj)
+            if s_key != o_key:
                 relations.setdefault(
-                    (subj.lower(), pred, obj.lower()),
+                    (s_key, pred, o_key),
                     Relation(subject=subj, predicate=pred, object=obj, confidence=conf),
                 )
-                endpoints.update((subj.lower(), obj.lower()))
+                endpoints.update((s_key, o_key))
 
         for sentence in _SENTENCE.split(text):
             if not sentence.strip():
@@ -433,12 +438,18 @@ class RuleExtractor:
             last_product = next(
                 (e.name for e in reversed(entities.values()) if e.type == "product"), last_product
             )
-        # a span inside a longer entity of the same text ("LGBTQ" in "LGBTQ support group") is noise
-        names = list(entities)
+        # A span inside a longer entity of the same text ("LGBTQ" in "LGBTQ support group") is
+        # noise. This asks whether the words are *written* inside another name, not whether two
+        # names are one entity, so it reads the surface forms: "Alice" is not a piece of
+        # "Alice's laptop", although the key of the latter is "alice laptop".
+        surface = {k: e.name.lower() for k, e in entities.items()}
         kept = [
             e
             for k, e in entities.items()
-            if k in endpoints or not any(k != o and f" {k} " in f" {o} " for o in names)
+            if k in endpoints
+            or not any(
+                k != o and f" {surface[k]} " in f" {name} " for o, name in surface.items()
+            )
         ]
         return Extraction(entities=kept, relations=list(relations.values()), extractor=self.name)
 

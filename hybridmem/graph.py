@@ -3,26 +3,24 @@
 A memory that shares no word with the query can still be found when its entities are connected
 to the query's ("ROG laptop" <-complements- "Dell 4K monitor"). Each user's graph is a
 ``networkx.DiGraph`` kept in memory and saved atomically to ``data_dir/users/<hash>/graph.json``
-as node-link JSON wrapped in ``{"schema": 1, "graph": ...}``.
+as node-link JSON wrapped in ``{"schema": 1, "graph": ...}`` (see :mod:`hybridmem._graphio`).
 
-Nodes are keyed by :func:`canonical` names, so "ROG laptop", "the rog  Laptop" and "ROG Laptop."
-are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases`` (surface forms),
-``first_seen``/``last_seen`` (ISO UTC), ``mentions`` (number of memories mentioning it) and
-``memory_ids``. Edge attributes: ``predicates``, ``evidence`` ({predicate: {memory id: confidence}},
-so forgetting a memory removes exactly the predicates it supported), ``memory_ids``, ``weight``
-(number of supporting memories) and ``confidence`` (max).
+Nodes are keyed by :func:`hybridmem.text.entity_key`, so "ROG laptop", "the rog  Laptop" and
+"ROG Laptop." are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases``
+(surface forms), ``first_seen``/``last_seen`` (UTC), ``mentions`` (number of memories mentioning
+it) and ``memory_ids``. Edge attributes: ``predicates``, ``evidence`` ({predicate: {memory id:
+confidence}}, so forgetting a memory removes exactly the predicates it supported), ``memory_ids``,
+``weight`` (number of supporting memories) and ``confidence`` (max).
 
 Stores only store: the extractor decides what the entities are; ranking decides what hops are worth.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,46 +31,28 @@ from typing import Any
 import networkx as nx
 
 from hybridmem._files import atomic_write_bytes, user_dir, user_key, user_lock
-from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
-from hybridmem.models import Extraction, as_utc, utcnow
+from hybridmem._graphio import (
+    MAX_PREDICATE,
+    SCHEMA,
+    from_json_bytes,
+    graph_from,
+    node_link,
+    refresh_edge,
+    to_json_bytes,
+)
+from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
+from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
+from hybridmem.text import entity_key, words
 
-__all__ = ["GRAPH_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore", "canonical"]
+__all__ = ["GRAPH_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1
 GRAPH_FILE = "graph.json"
 #: Longest entity name (in words) that :meth:`NetworkXGraphStore.entities_in` can recognise.
 MAX_NGRAM = 6
-_DETERMINERS = frozenset({"the", "a", "an", "my"})
-# Punctuation stripped from the ends of words; "$", "%", "#", "&", "+" and "@" carry meaning.
-_PUNCT = "!\"'()*,-./:;<=>?[\\]^_`{|}~“”‘’«»…–—¿¡·•"
 _NOT_ENTITIES = frozenset({"i", "me", "my", "you", "it", "we", "us", "he", "she", "they", "this"})
 _Edge = tuple[str, str]
-
-
-def _word(token: str) -> str:
-    word = token.strip(_PUNCT)
-    if word.endswith(("'s", "’s")):
-        word = word[:-2]
-    return word
-
-
-def _words(text: str) -> list[str]:
-    return [_word(t) for t in unicodedata.normalize("NFKC", text).casefold().split()]
-
-
-def canonical(name: str) -> str:
-    """The node key of an entity name: NFKC, casefolded, whitespace collapsed, punctuation stripped
-    from the ends of each word (and a possessive "'s"), one leading "the/a/an/my" dropped.
-
-    Plurals are kept as they are ("mice" stays "mice"): naive stemming merges distinct products
-    ("AirPods", "Glasses") and would be wrong more often than it helps.
-    """
-    words = [w for w in _words(name) if w]
-    if len(words) > 1 and words[0] in _DETERMINERS:
-        words = words[1:]
-    return " ".join(words)
 
 
 @dataclass
@@ -93,7 +73,7 @@ class _UserGraph:
         self.mem_edges.clear()
         for key, attrs in self.graph.nodes(data=True):
             for alias in {key, *attrs["aliases"]}:
-                self.aliases.setdefault(canonical(alias), set()).add(key)
+                self.aliases.setdefault(entity_key(alias), set()).add(key)
             for mid in attrs["memory_ids"]:
                 self.mem_nodes.setdefault(mid, set()).add(key)
         for u, v, attrs in self.graph.edges(data=True):
@@ -102,65 +82,11 @@ class _UserGraph:
 
     def resolve(self, name: str, key: str | None = None) -> str | None:
         """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
-        key = canonical(name) if key is None else key
+        key = entity_key(name) if key is None else key
         if key in self.graph:
             return key
         found = self.aliases.get(key)
         return min(found) if found else None
-
-
-def _refresh_edge(attrs: dict[str, Any]) -> None:
-    evidence: dict[str, dict[str, float]] = attrs["evidence"]
-    attrs["predicates"] = list(evidence)
-    attrs["memory_ids"] = {m for support in evidence.values() for m in support}
-    attrs["weight"] = len(attrs["memory_ids"])
-    attrs["confidence"] = max((c for s in evidence.values() for c in s.values()), default=0.0)
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _graph_from(data: object) -> nx.DiGraph[str]:
-    """A DiGraph from ``{"schema": 1, "graph": node-link}`` or bare node-link; ValueError if bad."""
-    if isinstance(data, dict) and "schema" in data:
-        if data["schema"] != SCHEMA:
-            raise ValueError(f"unsupported graph schema {data['schema']!r} (this version reads 1)")
-        data = data.get("graph")
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise ValueError("expected a node-link object with 'nodes' and 'edges'")
-    try:
-        g = nx.node_link_graph(data, directed=True, multigraph=False, edges="edges")
-    except (KeyError, TypeError, nx.NetworkXError) as exc:
-        raise ValueError(f"not a node-link graph: {exc!r}") from exc
-    if not isinstance(g, nx.DiGraph):  # pragma: no cover - node_link_graph honours directed=True
-        g = nx.DiGraph(g)
-    for key, attrs in g.nodes(data=True):
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"node id {key!r} is not a non-empty string")
-        attrs["name"] = str(attrs.get("name") or key)
-        attrs["type"] = str(attrs.get("type") or "thing")
-        attrs["aliases"] = {str(a) for a in attrs.get("aliases") or [attrs["name"]]}
-        attrs["memory_ids"] = {str(m) for m in attrs.get("memory_ids") or []}
-        attrs["mentions"] = len(attrs["memory_ids"])
-        attrs.setdefault("first_seen", None)
-        attrs.setdefault("last_seen", attrs["first_seen"])
-    for _u, _v, attrs in g.edges(data=True):
-        evidence = attrs.get("evidence")
-        if not isinstance(evidence, dict):  # a graph written by someone else: rebuild evidence
-            conf = float(attrs.get("confidence", 1.0))
-            mids = attrs.get("memory_ids") or []
-            evidence = {
-                str(p): dict.fromkeys(map(str, mids), conf)
-                for p in attrs.get("predicates") or ["related_to"]
-            }
-        attrs["evidence"] = {
-            str(p): {str(m): float(c) for m, c in s.items()} for p, s in evidence.items()
-        }
-        _refresh_edge(attrs)
-    return g
 
 
 class NetworkXGraphStore:
@@ -226,8 +152,7 @@ class NetworkXGraphStore:
 
     def _state(self, user_id: str) -> _UserGraph:
         """The user's graph, loaded lazily and re-read if another process rewrote the file."""
-        if self._closed:
-            raise StorageError("the graph store is closed; create a new NetworkXGraphStore")
+        self._check_open()
         key = user_key(user_id)
         st = self._users.get(key)
         if st is None:
@@ -237,14 +162,17 @@ class NetworkXGraphStore:
             self._load(st)
         return st
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
+
     def _load(self, st: _UserGraph) -> None:
         stamp = _stamp(st.path)
         if stamp is None or st.path is None:
             st.graph, st.stamp = nx.DiGraph(), None
         else:
             try:
-                raw = json.loads(st.path.read_bytes())
-                st.graph = _graph_from(raw)
+                st.graph = from_json_bytes(st.path.read_bytes())
             except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeError are ValueErrors
                 raise CorruptStateError(
                     f"graph file {st.path} cannot be read ({exc}); restore it from an export or "
@@ -257,12 +185,8 @@ class NetworkXGraphStore:
     def _save(self, user_id: str, st: _UserGraph) -> None:
         if self.data_dir is None or st.path is None:
             return
-        data = nx.node_link_data(st.graph, edges="edges")
-        payload = json.dumps(
-            {"schema": SCHEMA, "graph": data}, default=_json_default, ensure_ascii=False
-        )
         user_dir(self.data_dir, user_id)  # create the directory on first write
-        atomic_write_bytes(st.path, payload.encode("utf-8"))
+        atomic_write_bytes(st.path, to_json_bytes(st.graph))
         st.stamp = _stamp(st.path)
         self._dirty.discard(user_key(user_id))
 
@@ -291,13 +215,13 @@ class NetworkXGraphStore:
         """Add many memories' extractions and save once. Re-adding a memory is idempotent."""
         if not items:
             return
-        seen = as_utc(at or utcnow()).isoformat()
+        seen = as_utc(at or utcnow())
         with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
             for memory_id, extraction in items:
                 names = [e.name for e in extraction.entities]
                 names += [n for r in extraction.relations for n in (r.subject, r.object)]
-                keys = {n: canonical(n) for n in dict.fromkeys(names)}
+                keys = {n: entity_key(n) for n in dict.fromkeys(names)}
                 types = {keys[e.name]: e.type for e in extraction.entities}
                 for ent in extraction.entities:
                     self._node(st, ent.name, keys[ent.name], ent.type, memory_id, seen)
@@ -311,16 +235,17 @@ class NetworkXGraphStore:
                     if not st.graph.has_edge(u, v):
                         st.graph.add_edge(u, v, evidence={})
                     attrs = st.graph.edges[u, v]
-                    pred = "_".join(rel.predicate.casefold().split()) or "related_to"
+                    pred = "_".join(rel.predicate.casefold().split())[:MAX_PREDICATE]
+                    pred = pred or "related_to"  # (casefolding can lengthen: "ß" -> "ss")
                     support = attrs["evidence"].setdefault(pred, {})
                     support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
-                    _refresh_edge(attrs)
+                    refresh_edge(attrs)
                     st.mem_edges.setdefault(memory_id, set()).add((u, v))
             self._written(user_id, st)
 
     @staticmethod
     def _node(
-        st: _UserGraph, name: str, canon: str, type_: str, memory_id: str, seen: str
+        st: _UserGraph, name: str, canon: str, type_: str, memory_id: str, seen: datetime
     ) -> str | None:
         """Create or update the node for ``name``; the same entity never becomes two nodes."""
         key = st.resolve(name, canon) or canon
@@ -366,7 +291,7 @@ class NetworkXGraphStore:
                         attrs["evidence"][pred].pop(mid, None)
                         if not attrs["evidence"][pred]:
                             del attrs["evidence"][pred]
-                    _refresh_edge(attrs)
+                    refresh_edge(attrs)
                     if not attrs["evidence"]:
                         g.remove_edge(u, v)
                     touched.update((u, v))
@@ -384,10 +309,11 @@ class NetworkXGraphStore:
                 st.index()
                 self._written(user_id, st)
 
-    def import_graph(self, user_id: str, data: dict[str, Any]) -> None:
-        """Replace the user's graph with an :meth:`export` (or any node-link dict) and save it."""
+    def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
+        """Replace the user's graph with an :meth:`export` (or any node-link dict) and save it;
+        InvalidInputError (naming the bad value) when it is malformed."""
         try:
-            g = _graph_from(data)
+            g = graph_from(data)
         except ValueError as exc:
             raise InvalidInputError(f"cannot import graph: {exc}") from exc
         with self._lock, self._file_lock(user_id):
@@ -398,6 +324,7 @@ class NetworkXGraphStore:
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""
+        self._check_open()
         with self._lock, self._file_lock(user_id):
             path = self._path(user_id)
             try:
@@ -435,12 +362,14 @@ class NetworkXGraphStore:
         """
         with self._lock:
             st = self._state(user_id)
-            words = _words(text)
+            # A token that is only punctuation (" - ") normalises to no word; it stays as "" so
+            # that no n-gram spans it.
+            tokens = [w for token in text.split() for w in words(token) or [""]]
             found: dict[str, None] = {}
-            i, n = 0, len(words)
+            i, n = 0, len(tokens)
             while i < n:
                 for size in range(min(MAX_NGRAM, n - i), 0, -1):
-                    gram = words[i : i + size]
+                    gram = tokens[i : i + size]
                     if not all(gram) or (size == 1 and gram[0] in _NOT_ENTITIES):
                         continue
                     keys = st.aliases.get(" ".join(gram))
@@ -458,9 +387,10 @@ class NetworkXGraphStore:
         """memory id -> (hops, readable path) for memories within ``hops`` of the seed entities.
 
         Breadth-first in both edge directions, so the first time a memory is seen is its smallest
-        hop count. Hub seeds are skipped (see ``_hub``). Hop 0: memories mentioning a seed. Hop h: memories mentioning a node h edges away
-        (or supporting the edge that reached it). With ``co_mentions`` two entities of one memory
-        are also neighbours ("A -mentioned_with-> B"), which connects what rules cannot relate.
+        hop count. Hub seeds are skipped (see ``_hub``). Hop 0: memories mentioning a seed. Hop h:
+        memories mentioning a node h edges away (or supporting the edge that reached it). With
+        ``co_mentions`` two entities of one memory are also neighbours ("A -mentioned_with-> B"),
+        which connects what rules cannot relate.
         """
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
@@ -538,21 +468,25 @@ class NetworkXGraphStore:
             st = self._state(user_id)
             return sorted({k for m in memory_ids for k in st.mem_nodes.get(m, ())})
 
-    def entity(self, user_id: str, name: str) -> dict[str, Any] | None:
-        """The node a name or alias refers to, as a JSON-safe dict (with ``key``), or None."""
+    def entity(self, user_id: str, name: str) -> GraphEntity | None:
+        """The node a name or alias refers to, or None."""
         with self._lock:
             st = self._state(user_id)
             key = st.resolve(name)
-            if key is None:
-                return None
-            attrs = dict(st.graph.nodes[key], key=key)
-            return json.loads(json.dumps(attrs, default=_json_default))  # type: ignore[no-any-return]
+            return None if key is None else _entity(key, st.graph.nodes[key])
+
+    def entities(self, user_id: str) -> list[GraphEntity]:
+        """Every node of the user's graph, sorted by key."""
+        with self._lock:
+            g = self._state(user_id).graph
+            return [_entity(key, g.nodes[key]) for key in sorted(g)]
 
     def relations(
         self, user_id: str, memory_ids: Sequence[str] | None = None
-    ) -> list[dict[str, Any]]:
-        """One dict per (edge, predicate): subject, predicate, object (display names), their keys,
-        the supporting memory ids and confidence; only those the given memories support if set."""
+    ) -> list[GraphRelation]:
+        """One relation per (edge, predicate), with display names, keys, the supporting memory ids
+        (sorted) and the highest confidence; only those the given memories support if set.
+        Sorted by (subject key, predicate, object key)."""
         with self._lock:
             st = self._state(user_id)
             g = st.graph
@@ -561,23 +495,21 @@ class NetworkXGraphStore:
                 edges: Iterable[_Edge] = g.edges()
             else:
                 edges = {e for m in wanted for e in st.mem_edges.get(m, ()) if g.has_edge(*e)}
-            rows = []
-            for u, v in edges:
-                for pred, support in g.edges[u, v]["evidence"].items():
-                    if wanted is not None and not wanted & support.keys():
-                        continue
-                    rows.append(
-                        {
-                            "subject": g.nodes[u]["name"],
-                            "predicate": pred,
-                            "object": g.nodes[v]["name"],
-                            "subject_key": u,
-                            "object_key": v,
-                            "memory_ids": sorted(support),
-                            "confidence": max(support.values()),
-                        }
-                    )
-            rows.sort(key=lambda r: (r["subject_key"], r["predicate"], r["object_key"]))
+            rows = [
+                GraphRelation(
+                    subject=g.nodes[u]["name"],
+                    predicate=pred,
+                    object=g.nodes[v]["name"],
+                    subject_key=u,
+                    object_key=v,
+                    memory_ids=sorted(support),
+                    confidence=max(support.values()),
+                )
+                for u, v in edges
+                for pred, support in g.edges[u, v]["evidence"].items()
+                if wanted is None or wanted & support.keys()
+            ]
+            rows.sort(key=lambda r: (r.subject_key, r.predicate, r.object_key))
             return rows
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
@@ -600,10 +532,20 @@ class NetworkXGraphStore:
     def export(self, user_id: str) -> dict[str, Any]:
         """The user's graph as JSON-safe ``{"schema": 1, "graph": node-link}``."""
         with self._lock:
-            st = self._state(user_id)
-            data = nx.node_link_data(st.graph, edges="edges")
-            graph = json.loads(json.dumps(data, default=_json_default))
-            return {"schema": SCHEMA, "graph": graph}
+            return node_link(self._state(user_id).graph)
+
+
+def _entity(key: str, attrs: Mapping[str, Any]) -> GraphEntity:
+    return GraphEntity(
+        key=key,
+        name=attrs["name"],
+        type=attrs["type"],
+        aliases=sorted(attrs["aliases"]),
+        memory_ids=sorted(attrs["memory_ids"]),
+        mentions=attrs["mentions"],
+        first_seen=attrs["first_seen"],
+        last_seen=attrs["last_seen"],
+    )
 
 
 def _label(g: nx.DiGraph[str], u: str, v: str) -> str:

@@ -7,23 +7,22 @@ deleted memory's words must not survive in its own history), and forgetting a us
 from __future__ import annotations
 
 import builtins
-
 import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from hybridmem._sqlite import PerUserSqlite
-from hybridmem.errors import StorageError
 from hybridmem.models import HistoryEvent
 
-__all__ = ["HistoryStore"]
+__all__ = ["FILE_NAME", "HistoryStore"]
 
 FILE_NAME = "history.sqlite3"
 
 
 class HistoryStore(PerUserSqlite):
-    """Append-only per-user event log. Thread-safe."""
+    """The default :class:`~hybridmem.protocols.HistoryLog`: an append-only per-user event log.
+    Thread-safe."""
 
     file_name = FILE_NAME
     what = "history"
@@ -41,37 +40,32 @@ class HistoryStore(PerUserSqlite):
             (e.id, e.memory_id, e.action, e.at.timestamp(), e.cause, e.text, json.dumps(e.detail))
             for e in events
         ]
-        with self._lock:
-            conn = self._conn(user_id)
-            assert conn is not None
-            try:
-                conn.execute("BEGIN")
-                conn.executemany(
-                    "INSERT OR IGNORE INTO events(id, memory_id, action, at, cause, text, detail) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise StorageError(f"could not record history of {user_id!r}: {exc}") from exc
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR IGNORE INTO events(id, memory_id, action, at, cause, text, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+        self._write(user_id, "record history", work)
 
     def list(self, user_id: str, memory_id: str | None = None) -> builtins.list[HistoryEvent]:
         """Events oldest first, all of the user's or one memory's."""
-        with self._lock:
-            conn = self._conn(user_id, create=False)
-            if conn is None:
-                return []
-            query = "SELECT id, memory_id, action, at, cause, text, detail FROM events"
-            args: tuple[str, ...] = ()
-            if memory_id is not None:
-                query += " WHERE memory_id = ?"
-                args = (memory_id,)
-            rows = conn.execute(query + " ORDER BY seq", args).fetchall()
+        query = "SELECT id, memory_id, action, at, cause, text, detail FROM events"
+        args: tuple[str, ...] = ()
+        if memory_id is not None:
+            query += " WHERE memory_id = ?"
+            args = (memory_id,)
+        rows = self._read(user_id, "read the history", query + " ORDER BY seq", args)
         return [
             HistoryEvent(
-                id=r[0], memory_id=r[1], action=r[2],
-                at=datetime.fromtimestamp(r[3], tz=timezone.utc), cause=r[4], text=r[5],
+                id=r[0],
+                memory_id=r[1],
+                action=r[2],
+                at=datetime.fromtimestamp(r[3], tz=timezone.utc),
+                cause=r[4],
+                text=r[5],
                 detail=json.loads(r[6] or "{}"),
             )
             for r in rows
@@ -79,13 +73,13 @@ class HistoryStore(PerUserSqlite):
 
     def scrub(self, user_id: str, memory_ids: Sequence[str]) -> None:
         """Remove the texts that events of deleted memories carried."""
-        with self._lock:
-            conn = self._conn(user_id, create=False)
-            if conn is None or not memory_ids:
-                return
-            conn.execute("BEGIN")
+        if not memory_ids:
+            return
+
+        def work(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "UPDATE events SET text = NULL, detail = '{}' WHERE memory_id = ?",
                 [(m,) for m in memory_ids],
             )
-            conn.execute("COMMIT")
+
+        self._write(user_id, "scrub the history", work, create=False)

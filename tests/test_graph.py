@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from hybridmem._files import user_dir
-from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
+from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError
 from hybridmem.extract import RuleExtractor
-from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore, canonical
-from hybridmem.models import Entity, Extraction, Relation
+from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore
+from hybridmem.models import Entity, Extraction, GraphEntity, GraphRelation, Relation
+from hybridmem.protocols import GraphStore
 
 
 def ex(*relations: tuple[str, str, str], entities: tuple[str, ...] = ()) -> Extraction:
@@ -33,26 +34,6 @@ def graph_file(tmp_path: Path, user_id: str) -> Path:
     return user_dir(tmp_path, user_id, create=False) / GRAPH_FILE
 
 
-@pytest.mark.parametrize(
-    ("name", "key"),
-    [
-        ("ROG laptop", "rog laptop"),
-        ("the rog  Laptop", "rog laptop"),
-        ("ROG Laptop.", "rog laptop"),
-        ("  “ROG laptop”, ", "rog laptop"),
-        ("Alice's", "alice"),
-        ("Ｆｕｌｌwidth", "fullwidth"),  # NFKC
-        ("STRASSE", "strasse"),
-        ("Straße", "strasse"),  # casefold
-        ("$1,899", "$1,899"),
-        ("The", "the"),  # a lone determiner is kept rather than emptied
-        ("mice", "mice"),  # no plural stripping
-    ],
-)
-def test_canonical(name: str, key: str) -> None:
-    assert canonical(name) == key
-
-
 def test_round_trip_through_disk(tmp_path: Path) -> None:
     first = NetworkXGraphStore(tmp_path)
     first.add_extraction("u1", "m1", ex(("alice", "bought", "ROG laptop")))
@@ -61,27 +42,27 @@ def test_round_trip_through_disk(tmp_path: Path) -> None:
 
     second = NetworkXGraphStore(tmp_path)
     assert second.relations("u1") == [
-        {
-            "subject": "alice",
-            "predicate": "bought",
-            "object": "ROG laptop",
-            "subject_key": "alice",
-            "object_key": "rog laptop",
-            "memory_ids": ["m1"],
-            "confidence": 1.0,
-        },
-        {
-            "subject": "Dell 4K monitor",
-            "predicate": "complements",
-            "object": "ROG laptop",
-            "subject_key": "dell 4k monitor",
-            "object_key": "rog laptop",
-            "memory_ids": ["m2"],
-            "confidence": 1.0,
-        },
+        GraphRelation(
+            subject="alice",
+            predicate="bought",
+            object="ROG laptop",
+            subject_key="alice",
+            object_key="rog laptop",
+            memory_ids=["m1"],
+            confidence=1.0,
+        ),
+        GraphRelation(
+            subject="Dell 4K monitor",
+            predicate="complements",
+            object="ROG laptop",
+            subject_key="dell 4k monitor",
+            object_key="rog laptop",
+            memory_ids=["m2"],
+            confidence=1.0,
+        ),
     ]
     node = second.entity("u1", "ROG laptop")
-    assert node is not None and node["memory_ids"] == ["m1", "m2"] and node["mentions"] == 2
+    assert node is not None and node.memory_ids == ["m1", "m2"] and node.mentions == 2
     raw = json.loads(graph_file(tmp_path, "u1").read_text())
     assert raw["schema"] == 1 and {"nodes", "edges"} <= raw["graph"].keys()
 
@@ -95,10 +76,12 @@ def test_same_entity_written_differently_is_one_node(store: NetworkXGraphStore) 
     assert sorted(keys) == ["alice", "rog laptop"]
     node = store.entity("u", "ROG LAPTOP")
     assert node is not None
-    assert node["name"] == "ROG laptop"  # the first surface form is the display name
-    assert node["aliases"] == ["ROG Laptop.", "ROG laptop", "the rog Laptop"]
-    assert node["mentions"] == 3 and node["memory_ids"] == ["m1", "m2", "m3"]
-    assert node["first_seen"] <= node["last_seen"]
+    assert node.key == "rog laptop"
+    assert node.name == "ROG laptop"  # the first surface form is the display name
+    assert node.aliases == ["ROG Laptop.", "ROG laptop", "the rog Laptop"]
+    assert node.mentions == 3 and node.memory_ids == ["m1", "m2", "m3"]
+    assert node.first_seen is not None and node.last_seen is not None
+    assert node.first_seen <= node.last_seen and node.first_seen.utcoffset() == timedelta(0)
 
 
 def test_readding_a_memory_is_idempotent(store: NetworkXGraphStore) -> None:
@@ -106,7 +89,8 @@ def test_readding_a_memory_is_idempotent(store: NetworkXGraphStore) -> None:
         store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
     edge = store.export("u")["graph"]["edges"][0]
     assert edge["weight"] == 1 and edge["memory_ids"] == ["m1"]
-    assert store.entity("u", "alice")["mentions"] == 1  # type: ignore[index]
+    alice = store.entity("u", "alice")
+    assert alice is not None and alice.mentions == 1
 
 
 def test_memory_reachable_only_through_the_graph(store: NetworkXGraphStore) -> None:
@@ -182,24 +166,24 @@ def test_remove_memory_removes_unsupported_edges_and_nodes(tmp_path: Path) -> No
         ],
     )
     store.remove_memory("u", ["m1", "m3"])
-    rows = {(r["subject_key"], r["predicate"], r["object_key"]): r for r in store.relations("u")}
+    rows = {(r.subject_key, r.predicate, r.object_key): r for r in store.relations("u")}
     assert set(rows) == {
         ("alice", "bought", "rog laptop"),
         ("dell monitor", "complements", "rog laptop"),
     }
-    assert rows[("alice", "bought", "rog laptop")]["memory_ids"] == ["m2"]  # still supported
+    assert rows[("alice", "bought", "rog laptop")].memory_ids == ["m2"]  # still supported
     store.remove_memory("u", ["m4"])
     assert store.entity("u", "Dell monitor") is None  # no memory and no edge left
     assert store.neighbourhood("u", ["ROG laptop"], hops=1) == {"m2": (0, "ROG laptop")}
     fresh = NetworkXGraphStore(tmp_path)  # and it was saved
-    assert [r["predicate"] for r in fresh.relations("u")] == ["bought"]
+    assert [r.predicate for r in fresh.relations("u")] == ["bought"]
     assert fresh.entities_of("u", ["m1", "m2", "m4"]) == ["alice", "rog laptop"]
 
 
 def test_relations_filtered_by_memory(store: NetworkXGraphStore) -> None:
     store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
     store.add_extraction("u", "m2", ex(("alice", "lives_in", "Lyon")))
-    assert [r["object"] for r in store.relations("u", ["m2"])] == ["Lyon"]
+    assert [r.object for r in store.relations("u", ["m2"])] == ["Lyon"]
     assert store.relations("u", ["nope"]) == []
 
 
@@ -210,12 +194,12 @@ def test_users_are_isolated(tmp_path: Path) -> None:
     assert store.entities_in("alice", "Kindle ROG laptop") == ["rog laptop"]
     assert store.entities_in("bob", "Kindle ROG laptop") == ["kindle"]
     assert store.neighbourhood("bob", ["ROG laptop"], hops=2) == {}
-    assert {r["object"] for r in store.relations("bob")} == {"Kindle"}
+    assert {r.object for r in store.relations("bob")} == {"Kindle"}
     assert graph_file(tmp_path, "alice") != graph_file(tmp_path, "bob")
     store.drop_user("alice")
     assert not graph_file(tmp_path, "alice").exists()
     assert store.relations("alice") == []
-    assert NetworkXGraphStore(tmp_path).relations("bob")[0]["memory_ids"] == ["b1"]
+    assert NetworkXGraphStore(tmp_path).relations("bob")[0].memory_ids == ["b1"]
 
 
 @pytest.mark.parametrize(
@@ -298,9 +282,10 @@ def test_entities_in_matches_whole_words_longest_first(store: NetworkXGraphStore
     ]
     assert store.entities_in("u", "a 4K monitor from Dell") == ["4k monitor", "dell"]
     assert store.entities_in("u", "Dellish monitors and it") == []  # no partial words, no "it"
+    assert store.entities_in("u", "ROG - laptop") == []  # a lone punctuation token ends a name
 
 
-def test_entities_in_is_fast_at_10k_nodes(store: NetworkXGraphStore) -> None:
+def test_entities_in_resolves_aliases_among_10k_nodes(store: NetworkXGraphStore) -> None:
     nodes = [
         {
             "id": f"product {i}",
@@ -325,12 +310,9 @@ def test_entities_in_is_fast_at_10k_nodes(store: NetworkXGraphStore) -> None:
         },
     )
     text = "Compare product 42 with P9999 and something else entirely before Friday " * 3
-    start = time.perf_counter()
-    for _ in range(100):
-        found = store.entities_in("big", text)
-    per_call = (time.perf_counter() - start) / 100
+    found = store.entities_in("big", text)  # (its speed is measured in bench/, not here)
     assert found == ["product 42", "product 9999"]  # the alias "P9999" resolves to its node
-    assert per_call < 5e-3
+    assert len(store.entities("big")) == 10_000
 
 
 def test_export_import_round_trip(store: NetworkXGraphStore) -> None:
@@ -341,6 +323,71 @@ def test_export_import_round_trip(store: NetworkXGraphStore) -> None:
     assert store.entity("copy", "kindle") == store.entity("u", "kindle")
     with pytest.raises(InvalidInputError):
         store.import_graph("copy", {"schema": 1, "graph": {"nodes": "nope"}})
+
+
+def test_a_long_predicate_survives_a_reload(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(("alice", "ß" * 100, "Lyon")))  # casefolds to 200 chars
+    (rel,) = NetworkXGraphStore(tmp_path).relations("u")
+    assert rel.predicate == "s" * 100
+
+
+def test_entities_are_typed_and_sorted_by_key(store: NetworkXGraphStore) -> None:
+    at = datetime(2024, 3, 3, 12, 0, tzinfo=timezone.utc)
+    store.add_extraction("u", "m2", ex(("Zoe", "bought", "ROG laptop")), at=at)
+    store.add_extraction("u", "m1", ex(entities=("Kindle",)), at=at + timedelta(days=1))
+    found = store.entities("u")
+    assert [e.key for e in found] == ["kindle", "rog laptop", "zoe"]
+    assert all(isinstance(e, GraphEntity) for e in found)
+    kindle = found[0]
+    assert (kindle.name, kindle.type, kindle.memory_ids) == ("Kindle", "product", ["m1"])
+    assert kindle.first_seen == kindle.last_seen == at + timedelta(days=1)
+    assert store.entities("nobody") == []
+
+
+def test_graph_store_protocol_is_satisfied(store: NetworkXGraphStore) -> None:
+    seam: GraphStore = store  # mypy checks the signatures; this checks that nothing is missing
+    wanted = [n for n in vars(GraphStore) if not n.startswith("_")]
+    assert wanted and all(callable(getattr(seam, n)) for n in wanted)
+
+
+@pytest.mark.parametrize(
+    ("edge", "node", "match"),
+    [
+        ({"predicates": ["likes"], "memory_ids": ["m1"], "confidence": 7}, {}, "between 0 and 1"),
+        ({"predicates": ["likes"], "memory_ids": ["m1"], "confidence": None}, {}, "not a number"),
+        ({"predicates": ["x" * 101]}, {}, "predicate"),
+        ({"predicates": "likes"}, {}, "not a list"),
+        ({"evidence": {"likes": ["m1"]}}, {}, "evidence"),
+        ({}, {"first_seen": "last tuesday"}, "ISO 8601"),
+        ({}, {"memory_ids": "m1"}, "not a list"),
+    ],
+)
+def test_import_names_what_is_malformed(
+    store: NetworkXGraphStore, edge: dict[str, object], node: dict[str, object], match: str
+) -> None:
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    plain = {
+        "nodes": [{"id": "alice", **node}, {"id": "lyon"}],
+        "edges": [{"source": "alice", "target": "lyon", **edge}],
+    }
+    with pytest.raises(InvalidInputError, match=match):
+        store.import_graph("u", plain)
+    assert [r.predicate for r in store.relations("u")] == ["bought"]  # the old graph stays
+
+
+def test_imported_times_become_utc_datetimes(store: NetworkXGraphStore) -> None:
+    nodes = [
+        {"id": "alice", "first_seen": "2024-03-03T10:00Z", "last_seen": "2024-03-04T12:00+02:00"},
+        {"id": "lyon", "first_seen": "2024-03-03T10:00:00"},  # naive: taken as UTC
+    ]
+    store.import_graph("u", {"nodes": nodes, "edges": []})
+    alice, lyon = store.entities("u")
+    assert alice.first_seen == datetime(2024, 3, 3, 10, tzinfo=timezone.utc)
+    assert alice.last_seen == datetime(2024, 3, 4, 10, tzinfo=timezone.utc)
+    assert lyon.first_seen == lyon.last_seen == datetime(2024, 3, 3, 10, tzinfo=timezone.utc)
+    exported = {n["id"]: n for n in store.export("u")["graph"]["nodes"]}
+    assert exported["alice"]["last_seen"] == "2024-03-04T10:00:00+00:00"
 
 
 def test_import_of_a_plain_node_link_graph(store: NetworkXGraphStore) -> None:
@@ -355,15 +402,20 @@ def test_import_of_a_plain_node_link_graph(store: NetworkXGraphStore) -> None:
     }
     store.import_graph("u", plain)
     assert store.query_path("u", "alice", "Lyon") == ["alice -lives_in-> lyon"]
-    assert store.relations("u", ["m9"])[0]["predicate"] == "lives_in"
+    assert store.relations("u", ["m9"])[0].predicate == "lives_in"
 
 
 def test_close_is_idempotent_and_refuses_use(store: NetworkXGraphStore) -> None:
     store.add_extraction("u", "m1", ex(("a", "b", "c")))
     store.close()
     store.close()
-    with pytest.raises(StorageError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         store.entities_in("u", "a")
+    with pytest.raises(ClosedError):
+        store.relations("u")
+    with pytest.raises(ClosedError):
+        store.drop_user("u")
+    assert NetworkXGraphStore(store.data_dir).relations("u")  # nothing was deleted
 
 
 def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None:
@@ -394,7 +446,9 @@ def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None
 
 def test_hub_seeds_do_not_flood_the_neighbourhood(tmp_path: Path) -> None:
     store = NetworkXGraphStore(tmp_path)
-    store.add_extractions("u", [(f"m{i}", ex(("caroline", "said", f"thing {i}"))) for i in range(30)])
+    store.add_extractions(
+        "u", [(f"m{i}", ex(("caroline", "said", f"thing {i}"))) for i in range(30)]
+    )
     store.add_extractions("u", [("z", ex(("melanie", "painted", "a sunset")))])
     assert store.neighbourhood("u", ["caroline"], hops=1) == {}
     assert set(store.neighbourhood("u", ["melanie"], hops=1)) == {"z"}

@@ -1,0 +1,154 @@
+"""The node-link JSON form of a user's entity graph: reading it back safely, writing it out.
+
+The graph store keeps each user's graph as a ``networkx.DiGraph`` and saves it as node-link JSON
+wrapped in ``{"schema": 1, "graph": ...}``. Reading is strict about what the store relies on (every
+number a finite confidence, every time ISO 8601, every predicate a short non-empty name), because
+the same reader loads our own files and graphs imported from elsewhere: a bad value must fail here,
+naming what is wrong, not later inside a search.
+
+In memory, node times are aware UTC datetimes and aliases and memory ids are sets; on disk they
+are ISO strings and sorted lists.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import networkx as nx
+
+from hybridmem.models import as_utc
+
+__all__ = [
+    "MAX_PREDICATE",
+    "SCHEMA",
+    "from_json_bytes",
+    "graph_from",
+    "node_link",
+    "refresh_edge",
+    "to_json_bytes",
+]
+
+SCHEMA = 1
+#: Longest predicate a relation may carry (as :class:`~hybridmem.models.Relation` allows).
+MAX_PREDICATE = 100
+
+
+def refresh_edge(attrs: dict[str, Any]) -> None:
+    """Derive an edge's ``predicates``, ``memory_ids``, ``weight`` and ``confidence`` from its
+    ``evidence`` ({predicate: {memory id: confidence}}), the one attribute that is the truth."""
+    evidence: dict[str, dict[str, float]] = attrs["evidence"]
+    attrs["predicates"] = list(evidence)
+    attrs["memory_ids"] = {m for support in evidence.values() for m in support}
+    attrs["weight"] = len(attrs["memory_ids"])
+    attrs["confidence"] = max((c for s in evidence.values() for c in s.values()), default=0.0)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def node_link(graph: nx.DiGraph[str]) -> dict[str, Any]:
+    """The graph as JSON-safe ``{"schema": 1, "graph": node-link}`` (a deep copy)."""
+    data = nx.node_link_data(graph, edges="edges")
+    return {"schema": SCHEMA, "graph": json.loads(json.dumps(data, default=_json_default))}
+
+
+def to_json_bytes(graph: nx.DiGraph[str]) -> bytes:
+    """The graph file's bytes: :func:`node_link` as UTF-8 JSON."""
+    data = {"schema": SCHEMA, "graph": nx.node_link_data(graph, edges="edges")}
+    return json.dumps(data, default=_json_default, ensure_ascii=False).encode("utf-8")
+
+
+def from_json_bytes(raw: bytes) -> nx.DiGraph[str]:
+    """The graph a file holds; ValueError (JSON, UTF-8 or shape) if it cannot be read back."""
+    return graph_from(json.loads(raw))
+
+
+def graph_from(data: object) -> nx.DiGraph[str]:
+    """A DiGraph from ``{"schema": 1, "graph": node-link}`` or bare node-link; ValueError if bad."""
+    if isinstance(data, Mapping) and "schema" in data:
+        if data["schema"] != SCHEMA:
+            raise ValueError(f"unsupported graph schema {data['schema']!r} (this version reads 1)")
+        data = data.get("graph")
+    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
+        raise ValueError("expected a node-link object with 'nodes' and 'edges'")
+    try:
+        g = nx.node_link_graph(dict(data), directed=True, multigraph=False, edges="edges")
+    except (KeyError, TypeError, nx.NetworkXError) as exc:
+        raise ValueError(f"not a node-link graph: {exc!r}") from exc
+    if not isinstance(g, nx.DiGraph):  # pragma: no cover - node_link_graph honours directed=True
+        g = nx.DiGraph(g)
+    for key, attrs in g.nodes(data=True):
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"node id {key!r} is not a non-empty string")
+        attrs["name"] = str(attrs.get("name") or key)
+        attrs["type"] = str(attrs.get("type") or "thing")
+        attrs["aliases"] = set(_strings(attrs.get("aliases") or [attrs["name"]], f"{key}: aliases"))
+        attrs["memory_ids"] = set(_strings(attrs.get("memory_ids") or [], f"{key}: memory_ids"))
+        attrs["mentions"] = len(attrs["memory_ids"])
+        attrs["first_seen"] = _time(attrs.get("first_seen"), f"{key}: first_seen")
+        last = _time(attrs.get("last_seen"), f"{key}: last_seen")
+        attrs["last_seen"] = attrs["first_seen"] if last is None else last
+    for u, v, attrs in g.edges(data=True):
+        attrs["evidence"] = _evidence(attrs, f"edge {u!r} -> {v!r}")
+        refresh_edge(attrs)
+    return g
+
+
+def _evidence(attrs: Mapping[str, Any], where: str) -> dict[str, dict[str, float]]:
+    """An edge's checked evidence; a graph written by someone else gets it rebuilt from its
+    ``predicates``, ``memory_ids`` and ``confidence``."""
+    evidence = attrs.get("evidence")
+    if not isinstance(evidence, Mapping):
+        conf = attrs.get("confidence", 1.0)
+        mids = _strings(attrs.get("memory_ids") or [], f"{where}: memory_ids")
+        preds = _strings(attrs.get("predicates") or ["related_to"], f"{where}: predicates")
+        evidence = {p: dict.fromkeys(mids, conf) for p in preds}
+    out: dict[str, dict[str, float]] = {}
+    for pred, support in evidence.items():
+        if not isinstance(pred, str) or not pred.strip() or len(pred) > MAX_PREDICATE:
+            raise ValueError(f"{where}: predicate {pred!r} is not 1-{MAX_PREDICATE} characters")
+        if not isinstance(support, Mapping):
+            raise ValueError(f"{where}: evidence of {pred!r} is not a {{memory id: confidence}}")
+        out[pred] = {str(m): _confidence(c, f"{where}: {pred}") for m, c in support.items()}
+    return out
+
+
+def _strings(values: object, where: str) -> list[str]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{where} is not a list")
+    return [str(v) for v in values]
+
+
+def _confidence(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{where}: confidence {value!r} is not a number")
+    try:
+        conf = float(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}: confidence {value!r} is not a number") from exc
+    if not (math.isfinite(conf) and 0.0 <= conf <= 1.0):
+        raise ValueError(f"{where}: confidence {value!r} is not between 0 and 1")
+    return conf
+
+
+def _time(value: object, where: str) -> datetime | None:
+    """An aware UTC datetime from an ISO 8601 string (naive ones are UTC), or None when absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return as_utc(value)
+    if isinstance(value, str):
+        try:
+            return as_utc(datetime.fromisoformat(value))
+        except ValueError:
+            pass
+    raise ValueError(f"{where} {value!r} is not an ISO 8601 time")
