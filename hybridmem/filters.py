@@ -158,7 +158,7 @@ def _condition(key: str, value: object) -> Condition:
         checked = _scalar(key, operand)
         if op in _ORDERED and _kind(checked) != "number":
             raise InvalidInputError(f"{op} on {key!r} needs a number")
-    return Condition(key, op, checked, metadata=key not in SYSTEM_FIELDS)  # type: ignore[arg-type]
+    return Condition(key, op, checked, metadata=key not in SYSTEM_FIELDS)
 
 
 def _scalar(key: str, value: object) -> Scalar:
