@@ -13,12 +13,16 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from hybridmem import Memory, Settings
+from hybridmem import Settings
 from hybridmem.offline import LocalEmbedder
 from openai_wire import OpenAIWireServer
+
+if TYPE_CHECKING:
+    from hybridmem import Memory
 
 ENV_PREFIXES = ("HYBRIDMEM_", "OPENAI_")
 
@@ -66,6 +70,8 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture()
 def mem(settings: Settings, embedder: LocalEmbedder) -> Iterator[Memory]:
     """A Memory on a fresh data dir with the real local embedder and rule extractor."""
+    from hybridmem import Memory  # imported on use, so store-level tests never import the facade
+
     with Memory(settings, embedder=embedder) as memory:
         yield memory
 
