@@ -1,4 +1,4 @@
-"""Chroma plumbing, written once: clients, collection names, create/open/drop, stale handles, errors.
+"""Chroma plumbing, written once: clients, collection names, create/open/drop, stale handles.
 
 Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) and
 :mod:`hybridmem.shared` (the graph side collection, and a lexical cache of the main collection).

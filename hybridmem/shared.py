@@ -144,7 +144,7 @@ class _ServerCache:
         return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval
 
     def _close(self) -> bool:
-        """Mark closed, forget caches and handles, release an own client; False if already closed."""
+        """Mark closed, drop caches and handles, release an own client; False if it already was."""
         with self._guard:
             if self._closed:
                 return False

@@ -1,4 +1,4 @@
-"""ChromaVectorStore: one Chroma collection per user, embedded or server, holding *our* vectors only.
+"""ChromaVectorStore: one Chroma collection per user, embedded or server, with *our* vectors only.
 
 Collections are created with ``embedding_function=None`` and an explicit cosine HNSW configuration,
 so Chroma never attaches (and downloads) its own embedder (:mod:`hybridmem._chroma` owns the client,

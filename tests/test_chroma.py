@@ -54,7 +54,7 @@ def test_make_client_needs_one_place_and_names_an_unreachable_server(tmp_path: P
         _chroma.make_client()
     with pytest.raises(ConfigError):
         _chroma.make_client(path=tmp_path, url="http://127.0.0.1:9")
-    with pytest.raises(StorageError, match="could not open the Chroma server at http://127.0.0.1:9"):
+    with pytest.raises(StorageError, match="could not open the Chroma server at http://127"):
         _chroma.make_client(url="http://127.0.0.1:9")  # nothing listens on the discard port
     client = _chroma.make_client(path=tmp_path / "new" / "dir")
     assert (tmp_path / "new" / "dir").is_dir()

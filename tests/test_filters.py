@@ -48,7 +48,8 @@ def nested(depth: int) -> dict[str, Any]:
     ({"$and": [{"kind": "fact"}]}, Condition("kind", "$eq", "fact")),
     ({"$and": [{}, {"kind": "fact"}]}, Condition("kind", "$eq", "fact")),
     ({"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"kind": "fact"}]},
-     AllOf((AnyOf((Condition("a", "$eq", 1, metadata=True), Condition("b", "$eq", 2, metadata=True))),
+     AllOf((AnyOf((Condition("a", "$eq", 1, metadata=True),
+                   Condition("b", "$eq", 2, metadata=True))),
             Condition("kind", "$eq", "fact")))),
     ({"note": "ünicode ✓"}, Condition("note", "$eq", "ünicode ✓", metadata=True)),
 ])

@@ -61,7 +61,8 @@ def test_graph_writes_are_seen_by_another_instance(chroma_server: str, unique_us
     assert set(b.neighbourhood(unique_user, ["ROG laptop"], hops=1)) == {"m1", "m2", "m3"}
     assert a.entities_in(unique_user, "is the rog laptop ok?") == ["rog laptop"]
     assert b.entities_of(unique_user, ["m2"]) == ["dell monitor", "rog laptop"]
-    assert a.entity(unique_user, "ROG Laptop.").memory_ids == ["m1", "m2"]  # type: ignore[union-attr]
+    rog = a.entity(unique_user, "ROG Laptop.")
+    assert rog is not None and rog.memory_ids == ["m1", "m2"]
     assert [e.key for e in b.entities(unique_user)] == ["alice", "dell monitor", "rog laptop"]
     # the same nodes everywhere, first/last seen included: replay uses the writer's time stamp
     assert nodes(a, unique_user) == nodes(b, unique_user)

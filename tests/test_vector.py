@@ -67,7 +67,8 @@ def test_every_field_survives_a_round_trip(store_factory: Factory, unique_user: 
         unique_user, "full", "Alice bought a ROG laptop", kind="summary", category="purchase",
         importance=0.8, confidence=0.7, source="import", created_at=T0,
         updated_at=T0 + timedelta(hours=1), valid_from=T0 - timedelta(days=1),
-        invalid_at=T0 + timedelta(days=2), superseded_by="newer", expires_at=T0 + timedelta(days=30),
+        invalid_at=T0 + timedelta(days=2), superseded_by="newer",
+        expires_at=T0 + timedelta(days=30),
         mention_count=3, access_count=5, last_accessed_at=T0 + timedelta(minutes=5),
         needs_extraction=True, extractor="rules", key="laptop",
         metadata={"s": "text", "i": 7, "f": 0.25, "b": False, "kind": "not the system kind"},
@@ -143,13 +144,14 @@ def test_bad_input_is_refused(store_factory: Factory, unique_user: str) -> None:
     assert store.query(unique_user, EMB.embed_batch(["x"]), limit=0) == [[]]
 
 
-# -- filters: the same answers from get (Python), list (Chroma) and query (Python) ------------------
+# -- filters: the same answers from get (Python), list (Chroma) and query (Python) ---------------
 
 @pytest.fixture
 def filtered(store_factory: Factory, unique_user: str) -> ChromaVectorStore:
     store = store_factory()
     put(store, [
-        item(unique_user, "a", "red laptop bag", category="purchase", metadata={"color": "red", "n": 1}),
+        item(unique_user, "a", "red laptop bag", category="purchase",
+             metadata={"color": "red", "n": 1}),
         item(unique_user, "b", "blue monitor stand", category="purchase",
              created_at=T0 + timedelta(days=2), metadata={"color": "blue", "n": 2.0}),
         item(unique_user, "c", "green mouse pad", kind="summary", superseded_by="a",
