@@ -5,7 +5,8 @@ files with a file lock cannot keep them consistent across hosts, so with ``Setti
 
 - vectors, documents and metadata stay in the user's main collection (:mod:`hybridmem.vector`);
 - the graph is *derived*: every write of a memory's :class:`~hybridmem.models.Extraction` is one
-  record in the side collection ``g-<user key>``, and each process replays the records into an
+  record in the side collection ``g-<user key>`` (:func:`hybridmem._chroma.graph_collection_name`),
+  and each process replays the records into an
   in-memory :class:`~hybridmem.graph.NetworkXGraphStore` (:class:`ChromaGraphStore`);
 - the lexical index is a per-process FTS5 cache of the main collection's documents
   (:class:`ChromaLexicalIndex`).
@@ -16,6 +17,9 @@ next *check*, which runs before a read at most every ``refresh_interval`` second
 forces one). A check lists record ids only, the cheapest thing Chroma serves (measured on one
 ``chroma run``: 10k ids in ~20 ms, their metadata in ~1.3 s), so a version must show in the id:
 a graph record's id is ``<memory id>~<write token>``.
+
+The client, collection names, creating, dropping, and reopening a handle whose collection another
+process dropped are :mod:`hybridmem._chroma`'s, shared with the vector store.
 """
 
 from __future__ import annotations
@@ -26,18 +30,32 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from hybridmem import _chroma
 from hybridmem._files import user_key
-from hybridmem.errors import ConfigError, InvalidInputError, StorageError
+from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
-from hybridmem.lexical import SqliteLexicalIndex, content_words
-from hybridmem.models import Entity, Extraction, Relation, as_utc, utcnow
-from hybridmem.vector import _is_not_found, make_chroma_client
+from hybridmem.lexical import SqliteLexicalIndex
+from hybridmem.models import (
+    Entity,
+    Extraction,
+    GraphEntity,
+    GraphRelation,
+    Relation,
+    as_utc,
+    utcnow,
+)
+from hybridmem.text import content_words
+
+if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
+    from chromadb.api.models.Collection import Collection
+    from chromadb.api.types import Metadata, PyEmbedding, Where
 
 __all__ = ["ChromaGraphStore", "ChromaLexicalIndex"]
 
@@ -49,6 +67,7 @@ SEP = "~"
 #: Records per Chroma request: well under the server's batch limit, and a bounded request size.
 BATCH = 1000
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+_HINT = "check that the Chroma server at chroma_url is reachable"
 T = TypeVar("T")
 
 
@@ -64,6 +83,12 @@ def _chunks(items: Sequence[T]) -> Iterable[Sequence[T]]:
     return (items[i : i + BATCH] for i in range(0, len(items), BATCH))
 
 
+def _of_memories(memory_ids: Sequence[str]) -> Where:
+    """Chroma's filter for the graph records of these memories."""
+    among: dict[Literal["$in", "$nin"], list[str | int | float | bool]] = {"$in": [*memory_ids]}
+    return {"memory_id": among}
+
+
 @dataclass
 class _Sync:
     """One user's cache state: its lock (held across a check, so a concurrent own write is never
@@ -74,19 +99,24 @@ class _Sync:
     versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
     checked: float | None = None  # monotonic time of the last check's start
     swept: float | None = None  # lexical: last full comparison of texts
-    collection: Any = None  # cached handle; reopened when another process re-created it
 
 
 class _ServerCache:
     """Plumbing shared by both stores: the client, per-user state, rate-limited checks, and handles
-    that survive another process dropping and re-creating a collection."""
+    that survive another process dropping and re-creating a collection (:mod:`hybridmem._chroma`).
+    A client made here from ``url`` is closed by :meth:`close`; a ``client`` passed in is not."""
 
-    def __init__(self, *, client: Any | None, url: str | None, refresh_interval: float) -> None:
+    def __init__(self, *, client: ClientAPI | None, url: str | None, refresh_interval: float,
+                 name_of: Callable[[str], str]) -> None:
         if (client is None) == (url is None):
             raise ConfigError(f"{type(self).__name__} needs exactly one of client= or url=")
         if refresh_interval < 0:
             raise ConfigError("refresh_interval must be >= 0 seconds")
-        self._client = client if client is not None else make_chroma_client(url=url)
+        self._own_client = client is None
+        self._handles = _chroma.CollectionHandles(
+            client if client is not None else _chroma.make_client(url=url), hint=_HINT
+        )
+        self._name_of = name_of
         self.refresh_interval = float(refresh_interval)
         self._users: dict[str, _Sync] = {}
         self._guard = threading.Lock()
@@ -99,43 +129,31 @@ class _ServerCache:
         key = user_key(user_id)  # validates the user id
         with self._guard:
             if self._closed:
-                raise StorageError(f"the {type(self).__name__} is closed; create a new one")
+                raise ClosedError(f"the {type(self).__name__} is closed; create a new one")
             return self._users.setdefault(key, _Sync())
 
-    def _name(self, user_id: str) -> str:
-        raise NotImplementedError
-
-    def _create(self, user_id: str) -> Any:
-        raise NotImplementedError
-
-    def _run(self, user_id: str, st: _Sync, what: str, call: Callable[[Any], T], *,
-             create: bool = False) -> T | None:
-        """``call(collection)``; None when the collection does not exist (and ``create`` is off).
-        A stale handle (the collection was dropped by someone) is reopened once."""
-        for attempt in (1, 2):
-            stale = st.collection is not None
-            try:
-                if st.collection is None and create:
-                    st.collection = self._create(user_id)
-                elif st.collection is None:
-                    st.collection = self._client.get_collection(
-                        name=self._name(user_id), embedding_function=None
-                    )
-                return call(st.collection)
-            except Exception as exc:
-                st.collection = None
-                if _is_not_found(exc) and stale and attempt == 1:
-                    continue
-                if _is_not_found(exc) and not create:
-                    return None
-                raise StorageError(
-                    f"could not {what} of {user_id!r} in the Chroma server: {exc}; check that the "
-                    "server at chroma_url is reachable"
-                ) from exc
-        return None  # pragma: no cover - the loop always returns or raises
+    def _run(self, user_id: str, what: str, call: Callable[[Collection], T], *,
+             create: _chroma.CollectionMeta | None = None) -> T | None:
+        """``call(collection)``; None when the collection does not exist (unless ``create``, its
+        metadata, is given). A stale handle (the collection was dropped by someone) is reopened
+        once."""
+        return self._handles.run(self._name_of(user_id), call, user_id=user_id, what=what,
+                                 create=create)
 
     def _due(self, st: _Sync, force: bool) -> bool:
         return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval
+
+    def _close(self) -> bool:
+        """Mark closed, drop caches and handles, release an own client; False if it already was."""
+        with self._guard:
+            if self._closed:
+                return False
+            self._closed = True
+            self._users.clear()
+            self._handles.clear()
+            if self._own_client:
+                _chroma.close_client(self._handles.client)
+            return True
 
 
 class ChromaGraphStore(_ServerCache):
@@ -151,21 +169,11 @@ class ChromaGraphStore(_ServerCache):
     name a node differently while agreeing on its key, edges and memories.
     """
 
-    def __init__(self, *, client: Any | None = None, url: str | None = None,
+    def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
                  refresh_interval: float = 1.0) -> None:
-        super().__init__(client=client, url=url, refresh_interval=refresh_interval)
+        super().__init__(client=client, url=url, refresh_interval=refresh_interval,
+                         name_of=_chroma.graph_collection_name)
         self._cache = NetworkXGraphStore(None)
-
-    def _name(self, user_id: str) -> str:
-        return "g-" + user_key(user_id)
-
-    def _create(self, user_id: str) -> Any:
-        return self._client.get_or_create_collection(
-            name=self._name(user_id),
-            embedding_function=None,
-            configuration={"hnsw": {"space": "cosine"}},
-            metadata={"user_id": user_id, "kind": "hybridmem-graph", "schema": SCHEMA},
-        )
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
@@ -182,21 +190,25 @@ class ChromaGraphStore(_ServerCache):
         tokens = [uuid.uuid4().hex for _ in items]
         ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
         docs = [e.model_dump_json() for _, e in items]
-        metas = [{"memory_id": mid, "token": tok, "ts": when.timestamp()}
-                 for (mid, _), tok in zip(items, tokens)]
+        metas: list[Metadata] = [{"memory_id": mid, "token": tok, "ts": when.timestamp()}
+                                 for (mid, _), tok in zip(items, tokens)]
+        units: list[PyEmbedding] = [_UNIT] * len(ids)
         st = self._state(user_id)
+        created: _chroma.CollectionMeta = {
+            "user_id": user_id, "kind": "hybridmem-graph", "schema": SCHEMA
+        }
         with st.lock:
             try:
                 for lo in range(0, len(ids), BATCH):
                     hi = lo + BATCH
-                    self._run(user_id, st, "store the graph", lambda c: c.upsert(
+                    self._run(user_id, "store the graph", lambda c: c.upsert(
                         ids=ids[lo:hi], documents=docs[lo:hi],
-                        embeddings=[_UNIT] * len(ids[lo:hi]), metadatas=metas[lo:hi],
-                    ), create=True)
+                        embeddings=units[lo:hi], metadatas=metas[lo:hi],
+                    ), create=created)
             except StorageError:
                 try:  # best effort, so a failed add leaves no half-written batch
                     for part in _chunks(ids):
-                        self._run(user_id, st, "undo", lambda c: c.delete(ids=list(part)))
+                        self._run(user_id, "undo a graph write", lambda c: c.delete(ids=list(part)))
                 except StorageError:
                     log.warning("could not undo a failed graph write; checks replay what landed")
                 raise
@@ -211,25 +223,23 @@ class ChromaGraphStore(_ServerCache):
         st = self._state(user_id)
         with st.lock:
             for part in _chunks(mids):
-                self._run(user_id, st, "delete graph records", lambda c: c.delete(
-                    where={"memory_id": {"$in": list(part)}}
-                ))
+                where = _of_memories(part)
+                self._run(user_id, "delete graph records", lambda c: c.delete(where=where))
             self._cache.remove_memory(user_id, mids)
             gone = set(mids)
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in gone}
 
-    def import_graph(self, user_id: str, data: dict[str, Any]) -> None:
+    def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
         """Replace the user's graph with an export: it is split back into per-memory extractions
         (entities, relations, supporting memories and confidences survive; first/last seen become
         the import time)."""
         scratch = NetworkXGraphStore(None)
-        scratch.import_graph(user_id, data)  # validates; InvalidInputError when malformed
+        scratch.import_graph(user_id, dict(data))  # validates; InvalidInputError when malformed
         items = _extractions_of(scratch.export(user_id)["graph"])
         st = self._state(user_id)
         with st.lock:
-            listing = self._run(user_id, st, "list graph records", lambda c: c.get(include=[]))
-            for part in _chunks(listing["ids"] if listing else []):
-                self._run(user_id, st, "replace the graph", lambda c: c.delete(ids=list(part)))
+            for part in _chunks(self._record_ids(user_id)):
+                self._run(user_id, "replace the graph", lambda c: c.delete(ids=list(part)))
             self._cache.drop_user(user_id)
             st.record_ids.clear()
             st.checked = None  # the next read replays what others wrote meanwhile
@@ -239,22 +249,15 @@ class ChromaGraphStore(_ServerCache):
         """Delete the user's side collection and cached graph."""
         st = self._state(user_id)
         with st.lock:
-            try:
-                self._client.delete_collection(name=self._name(user_id))
-            except Exception as exc:
-                if not _is_not_found(exc):
-                    raise StorageError(f"could not delete the graph of {user_id!r}: {exc}") from exc
-            st.collection, st.checked = None, None
+            self._handles.drop(self._name_of(user_id), user_id=user_id, what="delete the graph")
+            st.checked = None
             st.record_ids.clear()
             self._cache.drop_user(user_id)
 
     def close(self) -> None:
         """Forget the caches; idempotent. The server keeps everything."""
-        with self._guard:
-            if not self._closed:
-                self._closed = True
-                self._users.clear()
-                self._cache.close()
+        if self._close():
+            self._cache.close()
 
     # -- sync ------------------------------------------------------------------------------------
     def refresh(self, user_id: str) -> None:
@@ -267,13 +270,17 @@ class ChromaGraphStore(_ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
-            listing = self._run(user_id, st, "list graph records", lambda c: c.get(include=[]))
-            remote = set(listing["ids"]) if listing else set()
+            remote = set(self._record_ids(user_id))
             gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
             st.checked = started
             return st
+
+    def _record_ids(self, user_id: str) -> list[str]:
+        """The ids of the user's graph records in the server (the cheapest listing there is)."""
+        listing = self._run(user_id, "list graph records", lambda c: c.get(include=[]))
+        return listing["ids"] if listing else []
 
     def _apply(
         self, user_id: str, st: _Sync, remote: set[str], gone: set[str], new: set[str]
@@ -283,12 +290,12 @@ class ChromaGraphStore(_ServerCache):
         wanted = new | {r for r in remote & st.record_ids if _memory_of(r) in rebuild}
         rows: list[tuple[float, str, str]] = []
         for part in _chunks(sorted(wanted)):
-            got = self._run(user_id, st, "read graph records", lambda c: c.get(
+            got = self._run(user_id, "read graph records", lambda c: c.get(
                 ids=list(part), include=["documents", "metadatas"]
             ))
             if not got:
                 continue
-            for rid, doc, meta in zip(got["ids"], got["documents"], got["metadatas"]):
+            for rid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or []):
                 ts = (meta or {}).get("ts")
                 rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or ""))
         if rebuild:
@@ -320,13 +327,17 @@ class ChromaGraphStore(_ServerCache):
         with self._sync(user_id).lock:
             return self._cache.entities_of(user_id, memory_ids)
 
-    def entity(self, user_id: str, name: str) -> dict[str, Any] | None:
+    def entity(self, user_id: str, name: str) -> GraphEntity | None:
         with self._sync(user_id).lock:
             return self._cache.entity(user_id, name)
 
+    def entities(self, user_id: str) -> list[GraphEntity]:
+        with self._sync(user_id).lock:
+            return self._cache.entities(user_id)
+
     def relations(
         self, user_id: str, memory_ids: Sequence[str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[GraphRelation]:
         with self._sync(user_id).lock:
             return self._cache.relations(user_id, memory_ids)
 
@@ -376,20 +387,16 @@ class ChromaLexicalIndex(_ServerCache):
     re-indexes those whose digest changed (10k documents: ~0.8 s).
     """
 
-    def __init__(self, *, client: Any | None = None, url: str | None = None,
+    def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
                  refresh_interval: float = 1.0, sweep_interval: float = 30.0) -> None:
-        super().__init__(client=client, url=url, refresh_interval=refresh_interval)
         if sweep_interval < refresh_interval:
             raise ConfigError("sweep_interval must be >= refresh_interval")
+        # the main collection: ChromaVectorStore creates and drops it, this cache only reads it
+        super().__init__(client=client, url=url, refresh_interval=refresh_interval,
+                         name_of=_chroma.collection_name)
         self.sweep_interval = float(sweep_interval)
         self._dir = tempfile.TemporaryDirectory(prefix="hybridmem-lexical-")
         self._index = SqliteLexicalIndex(Path(self._dir.name))
-
-    def _name(self, user_id: str) -> str:
-        return user_key(user_id)  # the main collection; ChromaVectorStore creates and drops it
-
-    def _create(self, user_id: str) -> Any:  # pragma: no cover - this cache never creates
-        raise AssertionError("the lexical cache never creates a collection")
 
     def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
         """Index texts now (the documents are already in the main collection)."""
@@ -426,20 +433,14 @@ class ChromaLexicalIndex(_ServerCache):
                 return st
             changed: dict[str, str] = {}
             if sweep:
-                got = self._run(user_id, st, "read the memories",
-                                lambda c: c.get(include=["documents"]))
-                texts = {i: t or "" for i, t in zip(got["ids"], got["documents"])} if got else {}
+                texts = self._documents(user_id, None)
                 remote: set[str] = set(texts)
                 changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
             else:
-                got = self._run(user_id, st, "list the memories", lambda c: c.get(include=[]))
+                got = self._run(user_id, "list the memories", lambda c: c.get(include=[]))
                 remote = set(got["ids"]) if got else set()
                 for part in _chunks(sorted(remote - st.versions.keys())):
-                    docs = self._run(user_id, st, "read the memories", lambda c: c.get(
-                        ids=list(part), include=["documents"]
-                    ))
-                    if docs:
-                        changed.update((i, t or "") for i, t in zip(docs["ids"], docs["documents"]))
+                    changed.update(self._documents(user_id, part))
             gone = [i for i in st.versions if i not in remote]
             if gone:
                 self.delete(user_id, gone)
@@ -450,19 +451,25 @@ class ChromaLexicalIndex(_ServerCache):
                 st.swept = started
             return st
 
+    def _documents(self, user_id: str, ids: Sequence[str] | None) -> dict[str, str]:
+        """id -> text of the given memories (all when None) in the main collection."""
+        got = self._run(user_id, "read the memories", lambda c: c.get(
+            ids=None if ids is None else list(ids), include=["documents"]))
+        if not got:
+            return {}
+        return {i: t or "" for i, t in zip(got["ids"], got["documents"] or [])}
+
     def drop_user(self, user_id: str) -> None:
         """Drop this process's cache of the user (the vector store drops the documents)."""
         st = self._state(user_id)
         with st.lock:
             self._index.drop_user(user_id)
+            self._handles.forget(self._name_of(user_id))
             st.versions.clear()
-            st.collection = st.checked = st.swept = None
+            st.checked = st.swept = None
 
     def close(self) -> None:
         """Close and delete the cache; idempotent."""
-        with self._guard:
-            if not self._closed:
-                self._closed = True
-                self._users.clear()
-                self._index.close()
-                self._dir.cleanup()
+        if self._close():
+            self._index.close()
+            self._dir.cleanup()

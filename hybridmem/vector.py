@@ -1,92 +1,90 @@
-"""ChromaVectorStore: one Chroma collection per user, embedded or server, holding *our* vectors only.
+"""ChromaVectorStore: one Chroma collection per user, embedded or server, with *our* vectors only.
 
 Collections are created with ``embedding_function=None`` and an explicit cosine HNSW configuration,
-so Chroma never attaches (and downloads) its own embedder. The collection name is a hash of the
-user id; the raw id, the embedder's name and its dimension are kept in the collection's metadata,
-and opening a collection with a different embedder is refused.
+so Chroma never attaches (and downloads) its own embedder (:mod:`hybridmem._chroma` owns the client,
+naming and handle plumbing). The collection name is a hash of the user id; the raw id, the
+embedder's name and its dimension are kept in the collection's metadata, and opening a collection
+with a different embedder is refused.
+
+This is the only module that knows how a :class:`~hybridmem.models.MemoryItem` is laid out as a
+Chroma record: id, document = text, and flat metadata with
+
+- the system fields under their own names (``kind``, ``category``, ``importance``, ...),
+- times as epoch seconds under ``<name>_ts`` (``created_at_ts``, ``invalid_at_ts``, ...),
+- derived fields for filters: ``current`` (not superseded or invalidated), ``has_key``,
+  ``text_hash`` (:func:`hybridmem.text.text_hash`) and ``user_id``,
+- the caller's metadata under ``meta.<key>``, so a caller key can never overwrite a system field.
+
+Absent means None: Chroma stores no None values. Chroma *merges* metadata on ``upsert`` and
+``update`` (a key left out keeps its old value), so writes send None for every field that is None
+now and for every key the record had that the item no longer has: a write replaces the record.
+
+A :data:`~hybridmem.filters.Filter` is compiled to a Chroma ``where`` (metadata conditions name
+``meta.<key>``) for :meth:`ChromaVectorStore.list`, and evaluated in Python on records for
+:meth:`~ChromaVectorStore.get` and :meth:`~ChromaVectorStore.query`, because Chroma answers any
+``where`` with a scan of every record's metadata. Both evaluate alike: numbers compare across int
+and float, booleans and strings only with their own kind, and a condition on a missing key never
+matches except ``$ne`` and ``$nin``.
 """
 
 from __future__ import annotations
 
 import builtins
-
-import ctypes
 import logging
 import re
 import shutil
 import sqlite3
-import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 from urllib.parse import urlparse
 
-from hybridmem._files import user_key
-from hybridmem._records import matches
-from hybridmem.errors import EmbedderMismatchError, StorageError
-from hybridmem.models import MetadataValue
-from hybridmem.protocols import StoredRecord, VectorHit
+from hybridmem import _chroma
+from hybridmem.errors import (
+    ClosedError,
+    CorruptStateError,
+    EmbedderMismatchError,
+    InvalidInputError,
+    StorageError,
+)
+from hybridmem.filters import AllOf, AnyOf, Condition, Filter, Scalar
+from hybridmem.models import MemoryItem
+from hybridmem.protocols import VectorHit
+from hybridmem.text import text_hash
 
-__all__ = ["ChromaVectorStore", "make_chroma_client"]
+if TYPE_CHECKING:
+    from chromadb.api.models.Collection import Collection
+    from chromadb.api.types import Metadata, PyEmbedding, Where
+
+__all__ = ["OVERFETCH", "SCHEMA_VERSION", "ChromaVectorStore"]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 T = TypeVar("T")
-#: glibc's mallopt parameter and the byte freed memory is overwritten with.
-M_PERTURB = -6
-PERTURB_BYTE = 0x5A
 #: How many more neighbours a filtered query fetches before filtering them itself.
 OVERFETCH = 3
+META_PREFIX = "meta."
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def scrub_freed_heap() -> bool:
-    """Ask glibc to overwrite freed heap memory and fill new allocations (``M_PERTURB``).
-
-    Why: embedded Chroma's HNSW index persists its whole preallocated capacity, uninitialised, to
-    ``data_level0.bin`` / ``length.bin``. Those bytes can hold freed heap — including the text of a
-    user who was just forgotten — so erasure could leave a copy inside *another* user's index file
-    (seen about once in 25 runs). With ``M_PERTURB`` no allocation can carry old contents. It is
-    process-wide and costs a memset per malloc/free; ``Settings(scrub_heap=False)`` turns it off.
-    Returns False where it is not available (not Linux/glibc).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_PERTURB, PERTURB_BYTE))
-    except (OSError, AttributeError):
-        return False
-
-
-def make_chroma_client(*, path: Path | None = None, url: str | None = None) -> Any:
-    """An embedded (``path``) or server (``url``) Chroma client with telemetry off."""
-    try:
-        import chromadb
-        from chromadb.config import Settings as ChromaSettings
-    except ImportError as exc:  # pragma: no cover - hard dependency
-        raise StorageError("chromadb is not installed: pip install hybridmem") from exc
-    chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
-    try:
-        if url is not None:
-            parsed = urlparse(url)
-            return chromadb.HttpClient(
-                host=parsed.hostname or "127.0.0.1",
-                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
-                ssl=parsed.scheme == "https",
-                settings=chroma_settings,
-            )
-        assert path is not None
-        path.mkdir(parents=True, exist_ok=True)
-        return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
-    except Exception as exc:
-        where = url or str(path)
-        raise StorageError(f"could not open the Chroma store at {where}: {exc}") from exc
+_TIME_FIELDS = ("created_at", "updated_at", "valid_from", "invalid_at", "expires_at",
+                "last_accessed_at")
+_PLAIN_FIELDS = ("kind", "category", "importance", "confidence", "source", "superseded_by",
+                 "mention_count", "access_count", "needs_extraction", "extractor", "key")
+_SYSTEM_KEYS = (*_PLAIN_FIELDS, *(f"{n}_ts" for n in _TIME_FIELDS), "current", "has_key",
+                "text_hash", "user_id")
+#: A record's metadata as written: None deletes a key (Chroma's update semantics).
+Record = dict[str, Union[str, int, float, bool, None]]
+_MISSING = object()
 
 
 class ChromaVectorStore:
-    """Per-user collections in one Chroma client. Thread-safe; handles are cached per user."""
+    """:class:`~hybridmem.protocols.VectorStore` on Chroma: per-user collections in one client.
+
+    Thread-safe; collection handles are cached per user. ``path`` opens an embedded store,
+    ``url`` a Chroma server (exactly one). :meth:`close` releases the client; a closed store
+    raises :class:`~hybridmem.errors.ClosedError`.
+    """
 
     def __init__(
         self,
@@ -98,224 +96,209 @@ class ChromaVectorStore:
         scrub_heap: bool = True,
     ) -> None:
         if scrub_heap and url is None:
-            scrub_freed_heap()
-        self._client = make_chroma_client(path=path, url=url)
+            _chroma.scrub_freed_heap()
+        client = _chroma.make_client(path=path, url=url)
+        hint = "check that the Chroma server at chroma_url is reachable" if url else ""
+        self._handles = _chroma.CollectionHandles(client, hint=hint)
         self._path = None if url is not None else path
+        self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name
         self._dimension = dimension
-        self._collections: dict[str, Any] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._closed = False
 
-    # -- collections ---------------------------------------------------------------------------
-    def _collection(self, user_id: str, *, create: bool = True) -> Any | None:
-        name = user_key(user_id)
-        with self._lock:
-            if self._closed:
-                raise StorageError("the vector store is closed")
-            cached = self._collections.get(name)
-            if cached is not None:
-                return cached
-            try:
-                if create:
-                    collection = self._client.get_or_create_collection(
-                        name=name,
-                        embedding_function=None,
-                        configuration={"hnsw": {"space": "cosine"}},
-                        metadata={
-                            "user_id": user_id,
-                            "embedder": self._embedder_name,
-                            "dimension": self._dimension,
-                            "schema": SCHEMA_VERSION,
-                        },
-                    )
-                else:
-                    collection = self._client.get_collection(name=name, embedding_function=None)
-            except Exception as exc:
-                if not create and _is_not_found(exc):
-                    return None
-                raise StorageError(f"could not open the collection of {user_id!r}: {exc}") from exc
-            meta = collection.metadata or {}
-            if meta.get("embedder") != self._embedder_name or meta.get("dimension") != self._dimension:
-                raise EmbedderMismatchError(
-                    f"the memories of {user_id!r} were embedded with {meta.get('embedder')!r} "
-                    f"({meta.get('dimension')}-d) but {self._embedder_name!r} "
-                    f"({self._dimension}-d) is configured; configure the original embedder, or "
-                    "export the user, forget it and import the export to re-embed"
-                )
-            self._collections[name] = collection
-            return collection
+    def __repr__(self) -> str:
+        return (f"ChromaVectorStore({self._where}, embedder={self._embedder_name!r}, "
+                f"dimension={self._dimension})")
 
-    def _run(self, user_id: str, what: str, op: Callable[[Any], T], *, create: bool = False,
-             default: T) -> T:
-        """Run ``op`` on the user's collection; ``default`` when it does not exist.
+    def __enter__(self) -> ChromaVectorStore:
+        return self
 
-        A cached handle goes stale when another process deletes the collection (``forget`` on a
-        shared Chroma server): then the handle is dropped and the call retried once. Any Chroma
-        failure becomes a :class:`StorageError` that names the user and the operation.
-        """
-        for attempt in (0, 1):
-            collection = self._collection(user_id, create=create)
-            if collection is None:
-                return default
-            try:
-                return op(collection)
-            except StorageError:
-                raise
-            except Exception as exc:
-                if attempt == 0 and _is_not_found(exc):
-                    with self._lock:
-                        self._collections.pop(user_key(user_id), None)
-                    continue
-                raise StorageError(f"could not {what} the memories of {user_id!r}: {exc}") from exc
-        return default
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    # -- writes -------------------------------------------------------------------------------
+    # -- plumbing -------------------------------------------------------------------------------
+    def _live(self) -> None:
+        if self._closed:
+            raise ClosedError("the vector store is closed; create a new ChromaVectorStore")
+
+    def _run(self, user_id: str, what: str, call: Callable[[Collection], T], *,
+             create: bool = False) -> T | None:
+        """``call`` on the user's collection (None when it does not exist, unless ``create``)."""
+        self._live()
+        meta: _chroma.CollectionMeta | None = None
+        if create:
+            meta = {"user_id": user_id, "embedder": self._embedder_name,
+                    "dimension": self._dimension, "schema": SCHEMA_VERSION}
+        return self._handles.run(
+            _chroma.collection_name(user_id), call, user_id=user_id, what=what, create=meta,
+            check=lambda c: self._check_identity(user_id, c),
+        )
+
+    def _check_identity(self, user_id: str, collection: Collection) -> None:
+        meta = collection.metadata or {}
+        if meta.get("embedder") != self._embedder_name or meta.get("dimension") != self._dimension:
+            raise EmbedderMismatchError(
+                f"the memories of {user_id!r} were embedded with {meta.get('embedder')!r} "
+                f"({meta.get('dimension')}-d) but {self._embedder_name!r} "
+                f"({self._dimension}-d) is configured; configure the original embedder, or "
+                "export the user, forget it and import the export to re-embed"
+            )
+
+    # -- writes ---------------------------------------------------------------------------------
     def upsert(
-        self,
-        user_id: str,
-        ids: Sequence[str],
-        texts: Sequence[str],
-        embeddings: Sequence[Sequence[float]],
-        metadatas: Sequence[dict[str, MetadataValue]],
+        self, user_id: str, items: Sequence[MemoryItem], embeddings: Sequence[Sequence[float]]
     ) -> None:
-        """Insert or replace records with our embeddings."""
-        if ids:
-            self._run(user_id, "write to", lambda c: c.upsert(
-                ids=list(ids), documents=list(texts), embeddings=[list(e) for e in embeddings],
-                metadatas=[_clean(m) for m in metadatas],
-            ), create=True, default=None)
+        """Insert or replace memories (text, fields and vector) with our embeddings."""
+        self._live()
+        if len(items) != len(embeddings):
+            raise InvalidInputError(f"{len(items)} memories but {len(embeddings)} embeddings")
+        if not items:
+            return
+        records = self._records(user_id, items)
+        vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
+        ids = [i.id for i in items]
 
-    def update_metadata(
-        self, user_id: str, ids: Sequence[str], metadatas: Sequence[dict[str, MetadataValue]]
-    ) -> None:
-        """Replace the metadata of existing records (documents and vectors stay)."""
-        if ids:
-            self._run(user_id, "update", lambda c: c.update(
-                ids=list(ids), metadatas=[_clean(m) for m in metadatas]), default=None)
+        def write(c: Collection) -> None:
+            c.upsert(ids=ids, documents=[i.text for i in items], embeddings=vectors,
+                     metadatas=_replacing(c, ids, records))
+
+        self._run(user_id, "write the memories", write, create=True)
+
+    def update(self, user_id: str, items: Sequence[MemoryItem]) -> None:
+        """Replace the fields of existing memories whose text did not change (documents and
+        vectors stay; unknown ids are ignored)."""
+        self._live()
+        if not items:
+            return
+        records = self._records(user_id, items)
+        ids = [i.id for i in items]
+        self._run(user_id, "update the memories", lambda c: c.update(
+            ids=ids, metadatas=_replacing(c, ids, records)))
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
-        """Delete records by id (unknown ids are ignored)."""
+        """Delete memories by id (unknown ids are ignored)."""
+        self._live()
         if ids:
-            self._run(user_id, "delete from", lambda c: c.delete(ids=list(ids)), default=None)
+            self._run(user_id, "delete memories", lambda c: c.delete(ids=list(ids)))
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's whole collection."""
-        name = user_key(user_id)
-        with self._lock:
-            self._collections.pop(name, None)
-            try:
-                self._client.delete_collection(name=name)
-            except Exception as exc:
-                if not _is_not_found(exc):
-                    raise StorageError(f"could not delete the memories of {user_id!r}: {exc}") from exc
+        self._live()
+        self._handles.drop(_chroma.collection_name(user_id), user_id=user_id,
+                           what="delete the memories")
 
-    # -- reads --------------------------------------------------------------------------------
+    def _records(self, user_id: str, items: Sequence[MemoryItem]) -> list[Record]:
+        for item in items:
+            if item.user_id != user_id:
+                raise InvalidInputError(
+                    f"memory {item.id} belongs to {item.user_id!r}, not {user_id!r}")
+        return [_to_record(i) for i in items]
+
+    def _vector(self, embedding: Sequence[float]) -> list[float]:
+        if len(embedding) != self._dimension:
+            raise InvalidInputError(
+                f"an embedding has {len(embedding)} dimensions but this store holds "
+                f"{self._dimension}-d vectors of {self._embedder_name!r}")
+        return [float(x) for x in embedding]
+
+    # -- reads ----------------------------------------------------------------------------------
     def get(
-        self, user_id: str, ids: Sequence[str], *, where: Mapping[str, Any] | None = None
-    ) -> builtins.list[StoredRecord]:
-        """Records by id (missing ids are skipped), in the order of ``ids``; ``where`` filters."""
+        self, user_id: str, ids: Sequence[str], *, where: Filter | None = None
+    ) -> builtins.list[MemoryItem]:
+        """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped."""
+        self._live()
         if not ids:
             return []
-        result = self._run(user_id, "read from", lambda c: c.get(
-            ids=list(ids), include=["documents", "metadatas"],
-        ), default=None)
-        records = {r.id: r for r in _records(result)} if result is not None else {}
+        got = self._run(user_id, "read the memories", lambda c: c.get(
+            ids=list(dict.fromkeys(ids)), include=["documents", "metadatas"]))
+        if got is None:
+            return []
+        rows = {i: (d, m) for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"])}
         # filtered here, not by Chroma: its where on a get by ids scans every record
-        return [records[i] for i in ids if i in records and matches(where, records[i].metadata)]
+        return [_to_item(user_id, i, *rows[i]) for i in ids
+                if i in rows and matches(where, rows[i][1])]
 
     def list(
         self,
         user_id: str,
         *,
-        where: Mapping[str, Any] | None = None,
+        where: Filter | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> builtins.list[StoredRecord]:
-        """Records matching ``where`` (all when None), in storage order."""
-        result = self._run(user_id, "read from", lambda c: c.get(
-            where=dict(where) if where else None, limit=limit, offset=offset or None,
-            include=["documents", "metadatas"],
-        ), default=None)
-        return _records(result) if result is not None else []
+    ) -> builtins.list[MemoryItem]:
+        """Memories matching ``where`` (all when None), in storage order."""
+        self._live()
+        if offset < 0 or (limit is not None and limit < 0):
+            raise InvalidInputError("limit and offset must be >= 0")
+        if limit == 0:
+            return []
+        compiled = compile_where(where)
+        got = self._run(user_id, "read the memories", lambda c: c.get(
+            where=compiled, limit=limit, offset=offset or None,
+            include=["documents", "metadatas"]))
+        if got is None:
+            return []
+        return [_to_item(user_id, i, d, m)
+                for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"])]
 
     def query(
         self,
         user_id: str,
-        embedding: Sequence[float],
-        *,
-        limit: int,
-        where: Mapping[str, Any] | None = None,
-    ) -> builtins.list[VectorHit]:
-        """The ``limit`` nearest records by cosine similarity, best first."""
-        return self.query_batch(user_id, [embedding], limit=limit, where=where)[0]
-
-    def query_batch(
-        self,
-        user_id: str,
         embeddings: Sequence[Sequence[float]],
         *,
         limit: int,
-        where: Mapping[str, Any] | None = None,
+        where: Filter | None = None,
     ) -> builtins.list[builtins.list[VectorHit]]:
-        """One nearest-neighbour list per query embedding, in one call to Chroma."""
+        """One list of the ``limit`` nearest memories (best first, by cosine similarity) per
+        query embedding, in one call to Chroma."""
+        self._live()
         if not embeddings:
             return []
+        if limit <= 0:
+            return [[] for _ in embeddings]
+        vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
         # Chroma pre-filters a where by scanning all metadata (~50 ms at 10k memories), so first
         # ask without it for more neighbours and filter here; only lists that the filter thinned
         # below ``limit`` (while more neighbours exist) are asked again with Chroma's filter.
-        fetch = limit * OVERFETCH if where else limit
-        lists = self._query(user_id, embeddings, fetch, None)
+        fetch = limit * OVERFETCH if where is not None else limit
+        lists = self._query(user_id, vectors, fetch, None)
         out: builtins.list[builtins.list[VectorHit]] = []
-        for embedding, hits in zip(embeddings, lists):
-            kept = [h for h in hits if matches(where, h.record.metadata)]
-            if where and len(kept) < limit and len(hits) == fetch:
-                kept = self._query(user_id, [embedding], limit, where)[0]
-            out.append(kept[:limit])
+        for vector, rows in zip(vectors, lists):
+            kept = [r for r in rows if matches(where, r[2])]
+            if where is not None and len(kept) < limit and len(rows) == fetch:
+                kept = self._query(user_id, [vector], limit, where)[0]
+            out.append([VectorHit(_to_item(user_id, i, d, m), s) for i, d, m, s in kept[:limit]])
         return out
 
     def _query(
-        self,
-        user_id: str,
-        embeddings: Sequence[Sequence[float]],
-        limit: int,
-        where: Mapping[str, Any] | None,
-    ) -> builtins.list[builtins.list[VectorHit]]:
-        result = self._run(user_id, "search", lambda c: c.query(
-            query_embeddings=[list(e) for e in embeddings], n_results=limit,
-            where=dict(where) if where else None,
-            include=["documents", "metadatas", "distances"],
-        ), default=None)
-        if result is None:
-            return [[] for _ in embeddings]
+        self, user_id: str, vectors: builtins.list[PyEmbedding], limit: int,
+        where: Filter | None,
+    ) -> builtins.list[builtins.list[tuple[str, str | None, Mapping[str, Any] | None, float]]]:
+        compiled = compile_where(where)
+        got = self._run(user_id, "search the memories", lambda c: c.query(
+            query_embeddings=vectors, n_results=limit, where=compiled,
+            include=["documents", "metadatas", "distances"]))
+        if got is None:
+            return [[] for _ in vectors]
+        docs, metas, dists = got["documents"], got["metadatas"], got["distances"]
         return [
-            [
-                VectorHit(StoredRecord(i, d or "", dict(m or {})), 1.0 - float(dist))
-                for i, d, m, dist in zip(ids, docs, metas, dists)
-            ]
-            for ids, docs, metas, dists in zip(
-                result["ids"], result["documents"], result["metadatas"], result["distances"]
-            )
+            [(i, d, m, 1.0 - float(dist)) for (i, d, m), dist in
+             zip(_rows(ids, docs[n] if docs else None, metas[n] if metas else None),
+                 dists[n] if dists else [])]
+            for n, ids in enumerate(got["ids"])
         ]
 
-    def get_embeddings(self, user_id: str, ids: Sequence[str]) -> dict[str, builtins.list[float]]:
-        """The stored vectors of ``ids`` (for export and near-duplicate checks)."""
-        if not ids:
-            return {}
-        result = self._run(user_id, "read from", lambda c: c.get(
-            ids=list(ids), include=["embeddings"]), default=None)
-        if result is None:
-            return {}
-        return {i: [float(x) for x in e] for i, e in zip(result["ids"], result["embeddings"])}
-
     def count(self, user_id: str) -> int:
-        """Number of records of the user."""
-        return int(self._run(user_id, "count", lambda c: c.count(), default=0))
+        """How many memories the user has."""
+        return self._run(user_id, "count the memories", lambda c: c.count()) or 0
 
+    # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
         """Make deletions physical in embedded mode: VACUUM Chroma's SQLite file (deleted rows
         otherwise stay in free pages) and remove segment folders no collection uses any more.
         A Chroma server manages its own files: there this does nothing."""
+        self._live()
         if self._path is None:
             return
         db = self._path / "chroma.sqlite3"
@@ -336,25 +319,137 @@ class ChromaVectorStore:
                     shutil.rmtree(child, ignore_errors=True)
 
     def close(self) -> None:
-        """Forget cached handles; idempotent."""
+        """Forget cached handles and release the client; idempotent."""
         with self._lock:
-            self._collections.clear()
+            if self._closed:
+                return
             self._closed = True
+            self._handles.clear()
+            _chroma.close_client(self._handles.client)
 
 
-def _clean(metadata: Mapping[str, MetadataValue]) -> dict[str, MetadataValue]:
-    """Chroma refuses None values: absent means None."""
-    return {k: v for k, v in metadata.items() if v is not None}
+# -- the record layout ---------------------------------------------------------------------------
+def _to_record(item: MemoryItem) -> Record:
+    """The flat record metadata of ``item``; None values delete keys when written."""
+    meta: Record = {name: getattr(item, name) for name in _PLAIN_FIELDS}
+    for name in _TIME_FIELDS:
+        value: datetime | None = getattr(item, name)
+        meta[f"{name}_ts"] = None if value is None else value.timestamp()
+    meta["current"] = item.is_current
+    meta["has_key"] = item.key is not None
+    meta["text_hash"] = text_hash(item.text)
+    meta["user_id"] = item.user_id
+    for key, val in item.metadata.items():
+        meta[META_PREFIX + key] = val
+    return meta
 
 
-def _records(result: Mapping[str, Any]) -> list[StoredRecord]:
-    return [
-        StoredRecord(i, d or "", dict(m or {}))
-        for i, d, m in zip(result["ids"], result["documents"], result["metadatas"])
-    ]
+def _replacing(collection: Collection, ids: Sequence[str], records: Sequence[Record]
+               ) -> builtins.list[Metadata]:
+    """``records`` plus None for each key the stored record has and the new one lacks (Chroma
+    merges metadata on writes; None deletes a key)."""
+    old = collection.get(ids=list(ids), include=["metadatas"])
+    stale = {i: m for i, _, m in _rows(old["ids"], None, old["metadatas"]) if m}
+    return [{**{k: None for k in stale.get(i, {}) if k not in r}, **r}
+            for i, r in zip(ids, records)]
 
 
-def _is_not_found(exc: Exception) -> bool:
-    return type(exc).__name__ in {"NotFoundError", "InvalidCollectionException"} or (
-        "does not exist" in str(exc)
-    )
+def _to_item(user_id: str, id_: str, text: str | None, meta: Mapping[str, Any] | None
+             ) -> MemoryItem:
+    """Rebuild a :class:`MemoryItem` from a stored record."""
+    m = meta or {}
+    fields: dict[str, Any] = {name: m[name] for name in _PLAIN_FIELDS if name in m}
+    for name in _TIME_FIELDS:
+        ts = m.get(f"{name}_ts")
+        fields[name] = (datetime.fromtimestamp(float(ts), tz=timezone.utc)
+                        if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None)
+    if fields["updated_at"] is None:
+        fields["updated_at"] = fields["created_at"]
+    fields["metadata"] = {k[len(META_PREFIX):]: v for k, v in m.items()
+                          if k.startswith(META_PREFIX)}
+    try:
+        return MemoryItem(id=id_, user_id=str(m.get("user_id", user_id)), text=text or "",
+                          **fields)
+    except ValueError as exc:  # pydantic's ValidationError
+        raise CorruptStateError(
+            f"the stored memory {id_} of {user_id!r} cannot be read back: {exc}") from exc
+
+
+def _rows(ids: Sequence[str], docs: Sequence[str | None] | None,
+          metas: Sequence[Mapping[str, Any] | None] | None
+          ) -> Iterable[tuple[str, str | None, Mapping[str, Any] | None]]:
+    """Chroma's columns as (id, document, metadata) rows (a column not included is None)."""
+    for n, id_ in enumerate(ids):
+        yield id_, docs[n] if docs else None, metas[n] if metas else None
+
+
+# -- filters: compiled for Chroma, evaluated in Python -------------------------------------------
+def _key(cond: Condition) -> str:
+    return META_PREFIX + cond.field if cond.metadata else cond.field
+
+
+def compile_where(flt: Filter | None) -> Where | None:
+    """A :data:`Filter` as a Chroma ``where`` on our record layout (None: no filter)."""
+    if flt is None:
+        return None
+    if isinstance(flt, Condition):
+        value = list(flt.value) if isinstance(flt.value, tuple) else flt.value
+        return {_key(flt): {flt.op: value}}  # type: ignore[dict-item]  # op and value checked
+    if isinstance(flt, AnyOf) and not flt.parts:
+        raise InvalidInputError("an empty AnyOf matches nothing; leave the filter out instead")
+    parts = [p for p in map(compile_where, flt.parts) if p is not None]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    return {"$and" if isinstance(flt, AllOf) else "$or": parts}
+
+
+def matches(flt: Filter | None, meta: Mapping[str, Any] | None) -> bool:
+    """Evaluate a filter on one record's metadata in Python, exactly as Chroma would.
+
+    Chroma answers ``get(ids=..., where=...)`` with a scan of the whole collection's metadata
+    (~250 ms at 10k memories); fetching by id and filtering here costs microseconds.
+    """
+    if flt is None:
+        return True
+    if isinstance(flt, Condition):
+        value = (meta or {}).get(_key(flt), _MISSING)
+        return _test(flt, _MISSING if value is None else value)
+    if isinstance(flt, AllOf):
+        return all(matches(p, meta) for p in flt.parts)
+    if not flt.parts:
+        raise InvalidInputError("an empty AnyOf matches nothing; leave the filter out instead")
+    return any(matches(p, meta) for p in flt.parts)
+
+
+def _test(cond: Condition, value: object) -> bool:
+    expected = cond.value if isinstance(cond.value, tuple) else (cond.value,)
+    if cond.op in ("$ne", "$nin"):
+        return value is _MISSING or not any(_same(value, e) for e in expected)
+    if value is _MISSING:
+        return False
+    if cond.op in ("$eq", "$in"):
+        return any(_same(value, e) for e in expected)
+    a, b = value, cond.value
+    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))
+            and _number(a) and _number(b)):
+        return False  # ordering compares numbers only (as in Chroma)
+    if cond.op == "$gt":
+        return a > b
+    if cond.op == "$gte":
+        return a >= b
+    if cond.op == "$lt":
+        return a < b
+    if cond.op == "$lte":
+        return a <= b
+    raise InvalidInputError(f"unknown filter operator {cond.op!r}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _same(value: object, expected: Scalar) -> bool:
+    """Chroma's equality: numbers across int and float; booleans and strings only with their own."""
+    if _number(value) and _number(expected):
+        return value == expected
+    return type(value) is type(expected) and value == expected

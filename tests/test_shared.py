@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 
-from hybridmem import Memory, NotFoundError, Settings
-from hybridmem._files import user_key
-from hybridmem.errors import ConfigError, InvalidInputError, StorageError
+from hybridmem import NotFoundError, Settings, _chroma
+from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
-from hybridmem.models import Entity, Extraction, Relation
+from hybridmem.models import Entity, Extraction, MemoryItem, Relation, utcnow
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 from hybridmem.shared import ChromaGraphStore, ChromaLexicalIndex
-from hybridmem.vector import ChromaVectorStore, make_chroma_client
+from hybridmem.vector import ChromaVectorStore
 
 EMB = HashEmbedder(32)
 
@@ -35,8 +34,12 @@ def ex(*relations: tuple[str, str, str], entities: tuple[str, ...] = ()) -> Extr
 
 
 def edges(store: Any, user: str) -> list[tuple[str, str, str, list[str]]]:
-    return [(r["subject_key"], r["predicate"], r["object_key"], r["memory_ids"])
-            for r in store.relations(user)]
+    return [(r.subject_key, r.predicate, r.object_key, r.memory_ids) for r in store.relations(user)]
+
+
+def side(url: str, user: str) -> Any:
+    """The user's graph side collection, through a client of the test's own."""
+    return _chroma.make_client(url=url).get_collection(_chroma.graph_collection_name(user))
 
 
 def nodes(store: Any, user: str) -> dict[str, Any]:
@@ -58,7 +61,9 @@ def test_graph_writes_are_seen_by_another_instance(chroma_server: str, unique_us
     assert set(b.neighbourhood(unique_user, ["ROG laptop"], hops=1)) == {"m1", "m2", "m3"}
     assert a.entities_in(unique_user, "is the rog laptop ok?") == ["rog laptop"]
     assert b.entities_of(unique_user, ["m2"]) == ["dell monitor", "rog laptop"]
-    assert a.entity(unique_user, "ROG Laptop.")["memory_ids"] == ["m1", "m2"]  # type: ignore[index]
+    rog = a.entity(unique_user, "ROG Laptop.")
+    assert rog is not None and rog.memory_ids == ["m1", "m2"]
+    assert [e.key for e in b.entities(unique_user)] == ["alice", "dell monitor", "rog laptop"]
     # the same nodes everywhere, first/last seen included: replay uses the writer's time stamp
     assert nodes(a, unique_user) == nodes(b, unique_user)
 
@@ -67,8 +72,8 @@ def test_graph_writes_are_seen_by_another_instance(chroma_server: str, unique_us
     assert a.entity(unique_user, "alice") is None
     a.drop_user(unique_user)
     assert b.relations(unique_user) == [] and b.export(unique_user)["graph"]["nodes"] == []
-    names = [c.name for c in make_chroma_client(url=chroma_server).list_collections()]
-    assert "g-" + user_key(unique_user) not in names
+    names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
+    assert _chroma.graph_collection_name(unique_user) not in names
     a.close(), b.close()
 
 
@@ -76,13 +81,12 @@ def test_records_are_per_write_and_never_rewritten(chroma_server: str, unique_us
     store = ChromaGraphStore(url=chroma_server)
     store.add_extraction(unique_user, "m1", ex(("alice", "bought", "ROG laptop")))
     store.add_extraction(unique_user, "m1", ex(("alice", "returned", "ROG laptop")))  # additive
-    side = make_chroma_client(url=chroma_server).get_collection("g-" + user_key(unique_user))
-    got = side.get(include=["documents", "metadatas"])
+    got = side(chroma_server, unique_user).get(include=["documents", "metadatas"])
     assert len(got["ids"]) == 2 and all(i.startswith("m1~") for i in got["ids"])
     assert {m["memory_id"] for m in got["metadatas"]} == {"m1"}
     assert all(i.endswith(m["token"]) for i, m in zip(got["ids"], got["metadatas"]))
     assert Extraction.model_validate_json(got["documents"][0]).extractor == "test"
-    assert [r["predicate"] for r in store.relations(unique_user)] == ["bought", "returned"]
+    assert [r.predicate for r in store.relations(unique_user)] == ["bought", "returned"]
     store.close()
 
 
@@ -95,9 +99,9 @@ def test_checks_are_rate_limited_and_refresh_forces_one(
     writer.add_extraction(unique_user, "m1", ex(("alice", "bought", "ROG laptop")))
     assert reader.relations(unique_user) == []  # within the interval: the cache answers
     reader.add_extraction(unique_user, "m2", ex(("bob", "bought", "mouse")))
-    assert [r["memory_ids"] for r in reader.relations(unique_user)] == [["m2"]]  # own: at once
+    assert [r.memory_ids for r in reader.relations(unique_user)] == [["m2"]]  # own: at once
     reader.refresh(unique_user)
-    assert [r["memory_ids"] for r in reader.relations(unique_user)] == [["m1"], ["m2"]]
+    assert [r.memory_ids for r in reader.relations(unique_user)] == [["m1"], ["m2"]]
     writer.close(), reader.close()
 
 
@@ -105,14 +109,14 @@ def test_a_memory_that_loses_a_record_is_replayed(chroma_server: str, unique_use
     a = ChromaGraphStore(url=chroma_server, refresh_interval=0)
     a.add_extraction(unique_user, "m1", ex(("alice", "bought", "ROG laptop")))
     a.add_extraction(unique_user, "m1", ex(("alice", "returned", "ROG laptop")))
-    side = make_chroma_client(url=chroma_server).get_collection("g-" + user_key(unique_user))
-    first = side.get(include=["documents"])
+    records = side(chroma_server, unique_user)
+    first = records.get(include=["documents"])
     bought = next(i for i, d in zip(first["ids"], first["documents"]) if "bought" in d)
-    side.delete(ids=[bought])  # as if another process removed one write
-    assert [r["predicate"] for r in a.relations(unique_user)] == ["returned"]
-    side.upsert(ids=["m2~feed"], documents=["not json"], embeddings=[[1.0]],
-                metadatas=[{"memory_id": "m2", "token": "feed", "ts": 0.0}])
-    assert [r["predicate"] for r in a.relations(unique_user)] == ["returned"]  # skipped, logged
+    records.delete(ids=[bought])  # as if another process removed one write
+    assert [r.predicate for r in a.relations(unique_user)] == ["returned"]
+    records.upsert(ids=["m2~feed"], documents=["not json"], embeddings=[[1.0]],
+                   metadatas=[{"memory_id": "m2", "token": "feed", "ts": 0.0}])
+    assert [r.predicate for r in a.relations(unique_user)] == ["returned"]  # skipped, logged
     a.close()
 
 
@@ -126,8 +130,8 @@ def test_stale_handles_survive_another_process_dropping_the_user(
     assert a.relations(unique_user) == []  # collection gone: cache emptied
     b.add_extraction(unique_user, "m2", ex(("bob", "bought", "mouse")))  # re-created
     a.add_extraction(unique_user, "m3", ex(("carol", "bought", "desk")))  # stale handle reopened
-    assert [r["memory_ids"] for r in a.relations(unique_user)] == [["m2"], ["m3"]]
-    assert [r["memory_ids"] for r in b.relations(unique_user)] == [["m2"], ["m3"]]
+    assert [r.memory_ids for r in a.relations(unique_user)] == [["m2"], ["m3"]]
+    assert [r.memory_ids for r in b.relations(unique_user)] == [["m2"], ["m3"]]
     a.close(), b.close()
 
 
@@ -151,12 +155,24 @@ def test_construction_and_lifecycle(chroma_server: str, unique_user: str) -> Non
         ChromaGraphStore()
     with pytest.raises(ConfigError):
         ChromaLexicalIndex(url=chroma_server, refresh_interval=5, sweep_interval=1)
-    store = ChromaGraphStore(client=make_chroma_client(url=chroma_server))
+    client = _chroma.make_client(url=chroma_server)
+    store = ChromaGraphStore(client=client)
     assert "ChromaGraphStore(" in repr(store)
+    store.add_extraction(unique_user, "m1", ex(("alice", "bought", "ROG laptop")))
     store.close()
     store.close()
-    with pytest.raises(StorageError, match="closed"):
-        store.relations(unique_user)
+    for call in (lambda: store.relations(unique_user), lambda: store.drop_user(unique_user),
+                 lambda: store.add_extraction(unique_user, "m2", ex(("a", "b", "c")))):
+        with pytest.raises(ClosedError, match="closed"):
+            call()
+    index = ChromaLexicalIndex(client=client)
+    index.close()
+    with pytest.raises(ClosedError):
+        index.search(unique_user, "laptop", limit=3)
+    # a client passed in is the caller's: closing the stores left it open
+    assert client.get_collection(_chroma.graph_collection_name(unique_user)).count() == 1
+    with pytest.raises(StorageError, match="could not open the Chroma server"):
+        ChromaGraphStore(url="http://127.0.0.1:9")  # nothing listens there
 
 
 def test_in_memory_networkx_store_writes_no_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -183,8 +199,10 @@ def vectors(chroma_server: str) -> Iterator[ChromaVectorStore]:
 def put(vectors: ChromaVectorStore, index: ChromaLexicalIndex, user: str,
         docs: dict[str, str]) -> None:
     """What Memory does: the documents go to the main collection, then to the index."""
-    vectors.upsert(user, list(docs), list(docs.values()), EMB.embed_batch(list(docs.values())),
-                   [{"n": 1}] * len(docs))
+    now = utcnow()
+    items = [MemoryItem(id=i, user_id=user, text=t, created_at=now, updated_at=now,
+                        metadata={"n": 1}) for i, t in docs.items()]
+    vectors.upsert(user, items, EMB.embed_batch(list(docs.values())))
     index.add(user, list(docs), list(docs.values()))
 
 
@@ -230,6 +248,8 @@ def test_lexical_users_are_isolated(
 @pytest.fixture
 def make_mem(chroma_server: str, tmp_path: Path, embedder: LocalEmbedder) -> Iterator[Any]:
     """Memories in server mode, each with its own (unused) data_dir, as on separate hosts."""
+    from hybridmem import Memory  # imported on use: the store-level tests above do not need it
+
     opened: list[Memory] = []
 
     def make(name: str = "hm") -> Memory:

@@ -2,89 +2,293 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hybridmem.errors import EmbedderMismatchError, InvalidUserIdError
+from hybridmem import _chroma
+from hybridmem.errors import (
+    ClosedError,
+    EmbedderMismatchError,
+    InvalidInputError,
+    InvalidUserIdError,
+)
+from hybridmem.filters import Filter, all_of, eq, parse_where
+from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder
-from hybridmem.vector import ChromaVectorStore
+from hybridmem.text import text_hash
+from hybridmem.vector import OVERFETCH, ChromaVectorStore
 
 EMB = HashEmbedder(32)
+T0 = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=timezone.utc)
+Factory = Callable[..., ChromaVectorStore]
 
 
 @pytest.fixture(params=["embedded", "server"])
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
+    made: list[ChromaVectorStore] = []
+
     def make(name: str = EMB.name, dim: int = 32) -> ChromaVectorStore:
         if request.param == "server":
             url = request.getfixturevalue("chroma_server")
-            return ChromaVectorStore(embedder_name=name, dimension=dim, url=url)
-        return ChromaVectorStore(embedder_name=name, dimension=dim, path=tmp_path / "chroma")
+            made.append(ChromaVectorStore(embedder_name=name, dimension=dim, url=url))
+        else:
+            made.append(
+                ChromaVectorStore(embedder_name=name, dimension=dim, path=tmp_path / "chroma"))
+        return made[-1]
 
     yield make
+    for store in made:
+        store.close()
 
 
-def _put(store: ChromaVectorStore, user: str, texts: list[str]) -> list[str]:
-    ids = [f"{user}-{i}" for i in range(len(texts))]
-    store.upsert(user, ids, texts, EMB.embed_batch(texts),
-                 [{"category": "c", "n": i, "none": None} for i in range(len(texts))])
-    return ids
+def item(user: str, id_: str, text: str, **fields: Any) -> MemoryItem:
+    fields.setdefault("created_at", T0)
+    fields.setdefault("updated_at", fields["created_at"])
+    return MemoryItem(id=id_, user_id=user, text=text, **fields)
 
 
-def test_upsert_query_get_delete(store_factory, unique_user: str) -> None:
+def put(store: ChromaVectorStore, items: list[MemoryItem]) -> None:
+    store.upsert(items[0].user_id, items, EMB.embed_batch([i.text for i in items]))
+
+
+def ids(items: list[MemoryItem]) -> list[str]:
+    return [i.id for i in items]
+
+
+# -- writes and reads ------------------------------------------------------------------------------
+
+def test_every_field_survives_a_round_trip(store_factory: Factory, unique_user: str) -> None:
     store = store_factory()
-    ids = _put(store, unique_user, ["red laptop bag", "blue monitor stand", "green mouse pad"])
-    hits = store.query(unique_user, EMB.embed_batch(["blue monitor stand"])[0], limit=2)
-    assert hits[0].record.id == ids[1] and hits[0].similarity > 0.99
-    assert len(hits) == 2
-    got = store.get(unique_user, [ids[2], "missing", ids[0]])
-    assert [r.id for r in got] == [ids[2], ids[0]]
-    assert got[0].metadata["n"] == 2 and "none" not in got[0].metadata
-    assert [r.id for r in store.get(unique_user, ids, where={"n": {"$gte": 1}})] == ids[1:]
-    store.delete(unique_user, [ids[0]])
-    assert store.count(unique_user) == 2
-    store.drop_user(unique_user)
-    assert store.count(unique_user) == 0 and store.query(unique_user, [0.1] * 32, limit=3) == []
-    store.close()
+    full = item(
+        unique_user, "full", "Alice bought a ROG laptop", kind="summary", category="purchase",
+        importance=0.8, confidence=0.7, source="import", created_at=T0,
+        updated_at=T0 + timedelta(hours=1), valid_from=T0 - timedelta(days=1),
+        invalid_at=T0 + timedelta(days=2), superseded_by="newer",
+        expires_at=T0 + timedelta(days=30),
+        mention_count=3, access_count=5, last_accessed_at=T0 + timedelta(minutes=5),
+        needs_extraction=True, extractor="rules", key="laptop",
+        metadata={"s": "text", "i": 7, "f": 0.25, "b": False, "kind": "not the system kind"},
+    )
+    bare = item(unique_user, "bare", "Shipping was fast")  # every optional time None
+    assert bare.valid_from is None and bare.last_accessed_at is None and bare.metadata == {}
+    put(store, [full, bare])
+    assert store.get(unique_user, ["bare", "missing", "full"]) == [bare, full]
+    assert store.list(unique_user) == [full, bare]
+    hits = store.query(unique_user, EMB.embed_batch([full.text, bare.text]), limit=1)
+    assert [[h.item for h in hits_] for hits_ in hits] == [[full], [bare]]
+    assert hits[0][0].similarity > 0.99
+    # absent means None: a None metadata value is not stored
+    put(store, [item(unique_user, "nulls", "x", metadata={"gone": None, "kept": 1})])
+    assert store.get(unique_user, ["nulls"])[0].metadata == {"kept": 1}
+    assert store.count(unique_user) == 3
 
 
-def test_users_are_isolated(store_factory, unique_user: str) -> None:
+def test_writes_replace_the_record_chroma_would_merge(
+    store_factory: Factory, unique_user: str
+) -> None:
     store = store_factory()
-    _put(store, unique_user + "a", ["alice secret"])
-    _put(store, unique_user + "b", ["bob things"])
-    hits = store.query(unique_user + "b", EMB.embed_batch(["alice secret"])[0], limit=10)
-    assert [h.record.text for h in hits] == ["bob things"]
+    old = item(unique_user, "m", "Alice bought a ROG laptop", superseded_by="x", key="laptop",
+               invalid_at=T0, metadata={"a": 1, "b": "two"})
+    put(store, [old])
+    cleared = old.model_copy(update={"superseded_by": None, "key": None, "invalid_at": None,
+                                     "metadata": {"b": "three"}, "access_count": 2})
+    store.update(unique_user, [cleared])
+    assert store.get(unique_user, ["m"]) == [cleared]
+    assert store.list(unique_user, where=parse_where({"a": 1})) == []
+    assert ids(store.list(unique_user, where=parse_where({"current": True, "has_key": False}))) == [
+        "m"]
+    # update keeps text and vector; upsert replaces them and the fields
+    hit = store.query(unique_user, EMB.embed_batch([old.text]), limit=1)[0][0]
+    assert hit.similarity > 0.99 and hit.item == cleared
+    new = item(unique_user, "m", "Bob returned the mouse", metadata={"c": True})
+    put(store, [new])
+    assert store.get(unique_user, ["m"]) == [new] and store.count(unique_user) == 1
+    store.update(unique_user, [item(unique_user, "unknown", "nothing")])  # ignored
+    assert store.count(unique_user) == 1
 
 
-def test_embedder_mismatch_is_refused(store_factory, unique_user: str) -> None:
+def test_delete_drop_and_users_are_isolated(store_factory: Factory, unique_user: str) -> None:
     store = store_factory()
-    _put(store, unique_user, ["x"])
-    store.close()
+    a, b = unique_user + "a", unique_user + "b"
+    put(store, [item(a, "1", "alice secret"), item(a, "2", "alice other")])
+    put(store, [item(b, "1", "bob things")])
+    hits = store.query(b, EMB.embed_batch(["alice secret"]), limit=10)[0]
+    assert [h.item.text for h in hits] == ["bob things"]
+    store.delete(a, ["1", "unknown"])
+    assert ids(store.list(a)) == ["2"] and store.count(b) == 1
+    store.drop_user(a)
+    store.drop_user(a)  # a missing collection is fine
+    assert store.count(a) == 0 and store.list(a) == [] and store.get(a, ["2"]) == []
+    assert store.query(a, EMB.embed_batch(["alice"]), limit=3) == [[]]
+    assert store.count(b) == 1
+
+
+def test_bad_input_is_refused(store_factory: Factory, unique_user: str) -> None:
+    store = store_factory()
+    one = item(unique_user, "m", "text")
+    with pytest.raises(InvalidInputError, match="embeddings"):
+        store.upsert(unique_user, [one], [])
+    with pytest.raises(InvalidInputError, match="dimensions"):
+        store.upsert(unique_user, [one], [[0.1] * 8])
+    with pytest.raises(InvalidInputError, match="belongs to"):
+        store.upsert(unique_user + "x", [one], EMB.embed_batch(["text"]))
+    with pytest.raises(InvalidUserIdError):
+        store.count("../etc")
+    with pytest.raises(InvalidInputError):
+        store.list(unique_user, offset=-1)
+    assert store.query(unique_user, [], limit=3) == []
+    assert store.query(unique_user, EMB.embed_batch(["x"]), limit=0) == [[]]
+
+
+# -- filters: the same answers from get (Python), list (Chroma) and query (Python) ---------------
+
+@pytest.fixture
+def filtered(store_factory: Factory, unique_user: str) -> ChromaVectorStore:
+    store = store_factory()
+    put(store, [
+        item(unique_user, "a", "red laptop bag", category="purchase",
+             metadata={"color": "red", "n": 1}),
+        item(unique_user, "b", "blue monitor stand", category="purchase",
+             created_at=T0 + timedelta(days=2), metadata={"color": "blue", "n": 2.0}),
+        item(unique_user, "c", "green mouse pad", kind="summary", superseded_by="a",
+             metadata={"n": 3, "flag": True}),
+        item(unique_user, "d", "yellow desk lamp", key="lamp", created_at=T0 + timedelta(days=5),
+             metadata={"flag": 1, "color": "red"}),
+    ])
+    return store
+
+
+CASES: list[tuple[str, Filter | None, set[str]]] = [
+    ("eq", eq("category", "purchase"), {"a", "b"}),
+    ("eq metadata", eq("color", "red"), {"a", "d"}),
+    ("$ne includes a missing key", parse_where({"color": {"$ne": "red"}}), {"b", "c"}),
+    ("$nin includes a missing key", parse_where({"n": {"$nin": [1, 2]}}), {"c", "d"}),
+    ("$in across int and float", parse_where({"n": {"$in": [2, 3]}}), {"b", "c"}),
+    ("$gt on a time", parse_where({"created_at_ts": {"$gt": (T0 + timedelta(days=1)).timestamp()}}),
+     {"b", "d"}),
+    ("$lte on metadata", parse_where({"n": {"$lte": 2}}), {"a", "b"}),
+    ("bool is not a number", parse_where({"flag": True}), {"c"}),
+    ("number is not a bool", parse_where({"flag": 1}), {"d"}),
+    ("$or", parse_where({"$or": [{"kind": "summary"}, {"color": "blue"}]}), {"b", "c"}),
+    ("AllOf", all_of(eq("category", "purchase"), parse_where({"n": {"$gte": 2}})), {"b"}),
+    ("several keys are $and", parse_where({"color": "red", "has_key": True}), {"d"}),
+    ("derived current", parse_where({"current": False}), {"c"}),
+    ("derived text_hash", eq("text_hash", text_hash("Green  MOUSE pad!")), {"c"}),
+    ("nothing", parse_where({"color": "purple"}), set()),
+    ("no filter", None, {"a", "b", "c", "d"}),
+]
+
+
+@pytest.mark.parametrize(("name", "flt", "want"), CASES, ids=[c[0] for c in CASES])
+def test_filters_agree_across_paths(
+    filtered: ChromaVectorStore, unique_user: str, name: str, flt: Filter | None, want: set[str]
+) -> None:
+    everything = ["a", "b", "c", "d"]
+    got = ids(filtered.get(unique_user, everything, where=flt))
+    assert got == [i for i in everything if i in want]  # Python path, order of ids
+    assert set(ids(filtered.list(unique_user, where=flt))) == want  # Chroma's where
+    hits = filtered.query(unique_user, EMB.embed_batch(["red laptop bag"]), limit=4, where=flt)
+    assert {h.item.id for h in hits[0]} == want  # over-fetched and filtered in Python
+
+
+def test_a_thinned_query_asks_chroma_with_the_filter(
+    store_factory: Factory, unique_user: str
+) -> None:
+    store = store_factory()
+    texts = [f"laptop bag model {n}" for n in range(3 * OVERFETCH)] + ["completely unrelated zebra"]
+    put(store, [item(unique_user, f"m{n}", t, metadata={"far": n == len(texts) - 1})
+                for n, t in enumerate(texts)])
+    hits = store.query(unique_user, EMB.embed_batch(["laptop bag model 0"]), limit=1,
+                       where=eq("far", True))
+    assert [h.item.text for h in hits[0]] == ["completely unrelated zebra"]
+
+
+def test_list_pages_in_storage_order(store_factory: Factory, unique_user: str) -> None:
+    store = store_factory()
+    put(store, [item(unique_user, f"m{n}", f"memory number {n}") for n in range(5)])
+    first, rest = store.list(unique_user, limit=2), store.list(unique_user, offset=2)
+    assert len(first) == 2 and len(rest) == 3
+    assert sorted(ids(first + rest)) == [f"m{n}" for n in range(5)]
+    assert store.list(unique_user, limit=0) == []
+
+
+# -- identity and lifecycle ------------------------------------------------------------------------
+
+def test_embedder_mismatch_is_refused(store_factory: Factory, unique_user: str) -> None:
+    store = store_factory()
+    put(store, [item(unique_user, "m", "x")])
     other = store_factory(name="other-model", dim=32)
     with pytest.raises(EmbedderMismatchError, match="re-embed"):
         other.count(unique_user)
+    with pytest.raises(EmbedderMismatchError):
+        store_factory(dim=16).list(unique_user)
+    assert store.count(unique_user) == 1
+
+
+def test_a_closed_store_refuses_use(store_factory: Factory, unique_user: str) -> None:
+    store = store_factory()
+    put(store, [item(unique_user, "m", "x")])
+    with store:
+        pass
+    store.close()  # idempotent
+    one = item(unique_user, "m", "x")
+    calls: list[Callable[[], object]] = [
+        lambda: store.upsert(unique_user, [one], EMB.embed_batch(["x"])),
+        lambda: store.update(unique_user, [one]),
+        lambda: store.get(unique_user, ["m"]),
+        lambda: store.list(unique_user),
+        lambda: store.query(unique_user, EMB.embed_batch(["x"]), limit=1),
+        lambda: store.delete(unique_user, ["m"]),
+        lambda: store.drop_user(unique_user),
+        lambda: store.count(unique_user),
+        store.purge,
+    ]
+    for call in calls:
+        with pytest.raises(ClosedError):
+            call()
+    assert store_factory().count(unique_user) == 1  # closing one store closed nothing shared
 
 
 def test_collection_name_is_derived_not_raw(tmp_path: Path) -> None:
-    store = ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=tmp_path / "c")
-    _put(store, "weird id with spaces & ünicode", ["hello"])
-    names = [c.name for c in store._client.list_collections()]
-    assert len(names) == 1 and names[0].startswith("u-") and " " not in names[0]
-    meta = store._client.get_collection(names[0]).metadata
+    with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=tmp_path / "c") as store:
+        put(store, [item("weird id with spaces & ünicode", "m", "hello")])
+        assert "path=" in repr(store) and "hash-32" in repr(store)
+    client = _chroma.make_client(path=tmp_path / "c")
+    names = [c.name for c in client.list_collections()]
+    assert names == [_chroma.collection_name("weird id with spaces & ünicode")]
+    assert names[0].startswith("u-") and " " not in names[0]
+    meta = client.get_collection(names[0]).metadata
     assert meta["user_id"] == "weird id with spaces & ünicode" and meta["dimension"] == 32
-    with pytest.raises(InvalidUserIdError):
-        store.count("../etc")
+    _chroma.close_client(client)
 
 
-def test_stale_handle_after_another_process_dropped_the_user(
-    chroma_server: str, unique_user: str
+def test_stale_handle_after_another_client_dropped_the_user(
+    store_factory: Factory, unique_user: str
 ) -> None:
-    first = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server)
-    second = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server)
-    _put(first, unique_user, ["one", "two"])
+    first, second = store_factory(), store_factory()
+    put(first, [item(unique_user, "1", "one"), item(unique_user, "2", "two")])
     assert second.count(unique_user) == 2  # second now caches a handle
-    first.drop_user(unique_user)
+    first.drop_user(unique_user)  # NotFoundError behind second's cached handle
     assert second.count(unique_user) == 0 and second.list(unique_user) == []
-    _put(first, unique_user, ["three"])
+    put(first, [item(unique_user, "3", "three")])  # re-created: a new collection, same name
     assert [r.text for r in second.list(unique_user)] == ["three"]
+    first.drop_user(unique_user)
+    put(second, [item(unique_user, "4", "four")])  # a write re-creates it
+    assert ids(first.list(unique_user)) == ["4"]
+
+
+def test_purge_leaves_no_bytes_of_a_dropped_user(tmp_path: Path) -> None:
+    path = tmp_path / "chroma"
+    with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=path) as store:
+        put(store, [item("victim", f"m{n}", f"code word QUOKKA{n}ZANZIBAR") for n in range(30)])
+        put(store, [item("bystander", "b", "I live in Oslo")])
+        store.drop_user("victim")
+        store.purge()
+    leftovers = [p for p in path.rglob("*") if p.is_file() and b"QUOKKA" in p.read_bytes()]
+    assert leftovers == []
+    with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=path) as store:
+        assert store.count("bystander") == 1 and store.count("victim") == 0

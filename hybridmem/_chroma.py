@@ -1,0 +1,254 @@
+"""Chroma plumbing, written once: clients, collection names, create/open/drop, stale handles.
+
+Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) and
+:mod:`hybridmem.shared` (the graph side collection, and a lexical cache of the main collection).
+
+- Clients: embedded (``PersistentClient``) or server (``HttpClient``), telemetry off.
+- Names: a user's main collection is :func:`collection_name`, its graph records
+  :func:`graph_collection_name`; both derive from a hash of the user id (Chroma allows only
+  ``[a-zA-Z0-9._-]``, so a raw id never becomes a name).
+- Collections are created with ``embedding_function=None`` (Chroma's default embedder downloads a
+  model on first use) and a cosine HNSW index; we always pass our own vectors.
+- Not found is recognised by class: ``chromadb.errors.NotFoundError``. Checked with chromadb 1.5.9
+  against a real embedded client and a real ``chroma run`` server: a missing collection on
+  ``get_collection``/``delete_collection``, and every operation (count, get, query, upsert, update,
+  delete) on a handle whose collection another client deleted — even if it was re-created since —
+  raise exactly that class in both modes.
+- :class:`CollectionHandles` caches handles; when another process drops a collection the cached
+  handle goes stale, so it is dropped and the call retried once. Every other Chroma failure becomes
+  a :class:`~hybridmem.errors.StorageError` naming the user and the operation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, Union
+from urllib.parse import urlparse
+
+from hybridmem._files import user_key
+from hybridmem.errors import ConfigError, HybridMemError, StorageError
+
+if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
+    from chromadb.api.models.Collection import Collection
+
+__all__ = [
+    "CollectionHandles",
+    "close_client",
+    "collection_name",
+    "create_collection",
+    "drop_collection",
+    "graph_collection_name",
+    "is_not_found",
+    "make_client",
+    "open_collection",
+    "scrub_freed_heap",
+]
+
+T = TypeVar("T")
+#: What a collection's own metadata may hold (Chroma's collection metadata is flat scalars).
+CollectionMeta = Mapping[str, Union[str, int, float, bool]]
+#: glibc's mallopt parameter and the byte freed memory is overwritten with.
+M_PERTURB = -6
+PERTURB_BYTE = 0x5A
+
+
+def scrub_freed_heap() -> bool:
+    """Ask glibc to overwrite freed heap memory and fill new allocations (``M_PERTURB``).
+
+    Why: embedded Chroma's HNSW index persists its whole preallocated capacity, uninitialised, to
+    ``data_level0.bin`` / ``length.bin``. Those bytes can hold freed heap — including the text of a
+    user who was just forgotten — so erasure could leave a copy inside *another* user's index file
+    (seen about once in 25 runs). With ``M_PERTURB`` no allocation can carry old contents. It is
+    process-wide and costs a memset per malloc/free; ``Settings(scrub_heap=False)`` turns it off.
+    Returns False where it is not available (not Linux/glibc).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_PERTURB, PERTURB_BYTE))
+    except (OSError, AttributeError):
+        return False
+
+
+def make_client(*, path: Path | None = None, url: str | None = None) -> ClientAPI:
+    """An embedded (``path``) or server (``url``) Chroma client with telemetry off.
+
+    Exactly one of ``path`` and ``url``. A server is contacted at once, so an unreachable one fails
+    here with a :class:`StorageError`."""
+    if (path is None) == (url is None):
+        raise ConfigError("a Chroma client needs exactly one of path= (embedded) or url= (server)")
+    try:
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+    except ImportError as exc:  # pragma: no cover - hard dependency
+        raise ConfigError("chromadb is not installed: pip install hybridmem") from exc
+    chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+    try:
+        if url is not None:
+            parsed = urlparse(url)
+            return chromadb.HttpClient(
+                host=parsed.hostname or "127.0.0.1",
+                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+                ssl=parsed.scheme == "https",
+                settings=chroma_settings,
+            )
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+        return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
+    except Exception as exc:
+        where = f"the Chroma server at {url}" if url is not None else f"the Chroma store at {path}"
+        raise StorageError(f"could not open {where}: {exc}") from exc
+
+
+def close_client(client: ClientAPI) -> None:
+    """Release a client made by :func:`make_client` (embedded clients on one path share a
+    reference-counted system, which stops with the last of them); idempotent."""
+    from chromadb.api.client import Client
+
+    if isinstance(client, Client):  # what both constructors return; ClientAPI declares no close
+        client.close()
+
+
+def collection_name(user_id: str) -> str:
+    """The name of the user's main collection (memories, their vectors and documents)."""
+    return user_key(user_id)
+
+
+def graph_collection_name(user_id: str) -> str:
+    """The name of the user's graph side collection (server mode: one record per extraction)."""
+    return "g-" + user_key(user_id)
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """Whether Chroma said "this collection does not exist" (by class, never by message)."""
+    from chromadb.errors import NotFoundError
+
+    return isinstance(exc, NotFoundError)
+
+
+def create_collection(client: ClientAPI, name: str, metadata: CollectionMeta) -> Collection:
+    """Get or create a collection for our own vectors: no embedding function, cosine HNSW.
+    ``metadata`` is only written when the collection is created."""
+    return client.get_or_create_collection(
+        name=name,
+        embedding_function=None,
+        configuration={"hnsw": {"space": "cosine"}},
+        metadata=dict(metadata),
+    )
+
+
+def open_collection(client: ClientAPI, name: str) -> Collection | None:
+    """The collection, or None when it does not exist."""
+    try:
+        return client.get_collection(name=name, embedding_function=None)
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def drop_collection(client: ClientAPI, name: str) -> None:
+    """Delete a collection; one that does not exist is fine."""
+    try:
+        client.delete_collection(name=name)
+    except Exception as exc:
+        if not is_not_found(exc):
+            raise
+
+
+class CollectionHandles:
+    """Cached collection handles of one client, by name. Thread-safe.
+
+    A handle goes stale when another process (or another client in this one) deletes its
+    collection, even if the collection was re-created since: then :meth:`run` drops it and tries
+    once more with a fresh one. ``hint`` is appended to error messages (what to check).
+    """
+
+    def __init__(self, client: ClientAPI, *, hint: str = "") -> None:
+        self.client = client
+        self._hint = hint
+        self._cache: dict[str, Collection] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CollectionHandles(cached={len(self._cache)})"
+
+    def run(
+        self,
+        name: str,
+        call: Callable[[Collection], T],
+        *,
+        user_id: str,
+        what: str,
+        create: CollectionMeta | None = None,
+        check: Callable[[Collection], None] | None = None,
+    ) -> T | None:
+        """``call(collection)``, or None when the collection does not exist.
+
+        With ``create`` (the new collection's metadata) a missing collection is created first.
+        ``check`` vets a freshly opened handle (it may raise a HybridMemError, such as
+        :class:`~hybridmem.errors.EmbedderMismatchError`). Hybridmem's own errors pass through;
+        any other failure becomes a :class:`StorageError` saying ``could not <what> of <user>``.
+        """
+        for attempt in (0, 1):
+            try:
+                collection = self._handle(name, create, check)
+                if collection is None:
+                    return None
+                return call(collection)
+            except HybridMemError:
+                raise
+            except Exception as exc:
+                if not is_not_found(exc):
+                    raise self.error(user_id, what, exc) from exc
+                self.forget(name)
+                if attempt == 1 and create is not None:
+                    raise self.error(user_id, what, exc) from exc
+        return None  # dropped again right after being reopened: it does not exist now
+
+    def _handle(
+        self, name: str, create: CollectionMeta | None, check: Callable[[Collection], None] | None
+    ) -> Collection | None:
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached is not None:
+                return cached
+            if create is not None:
+                collection: Collection | None = create_collection(self.client, name, create)
+            else:
+                collection = open_collection(self.client, name)
+            if collection is not None:
+                if check is not None:
+                    check(collection)
+                self._cache[name] = collection
+            return collection
+
+    def drop(self, name: str, *, user_id: str, what: str) -> None:
+        """Forget the handle and delete the collection (a missing one is fine)."""
+        with self._lock:
+            self._cache.pop(name, None)
+            try:
+                drop_collection(self.client, name)
+            except Exception as exc:
+                raise self.error(user_id, what, exc) from exc
+
+    def forget(self, name: str) -> None:
+        """Drop the cached handle (the next call reopens the collection)."""
+        with self._lock:
+            self._cache.pop(name, None)
+
+    def clear(self) -> None:
+        """Drop every cached handle."""
+        with self._lock:
+            self._cache.clear()
+
+    def error(self, user_id: str, what: str, exc: BaseException) -> StorageError:
+        """A :class:`StorageError` naming the operation and the user, with the hint."""
+        hint = f"; {self._hint}" if self._hint else ""
+        return StorageError(f"could not {what} of {user_id!r}: {exc}{hint}")

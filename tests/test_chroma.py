@@ -1,0 +1,167 @@
+"""hybridmem._chroma against a real Chroma: an embedded client and a real `chroma run` server."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hybridmem import _chroma
+from hybridmem._files import user_key
+from hybridmem.errors import (
+    ConfigError,
+    EmbedderMismatchError,
+    InvalidUserIdError,
+    StorageError,
+)
+
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")  # Chroma's rule
+
+
+@pytest.fixture(params=["embedded", "server"])
+def mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """How to make a client in this mode (each call a new client, as another process would)."""
+    if request.param == "server":
+        where: dict[str, Any] = {"url": request.getfixturevalue("chroma_server")}
+    else:
+        where = {"path": tmp_path / "chroma"}
+    made: list[Any] = []
+
+    def make() -> Any:
+        made.append(_chroma.make_client(**where))
+        return made[-1]
+
+    yield {"make": make}
+    for client in made:
+        _chroma.close_client(client)
+
+
+def test_names_derive_from_the_user_id_and_are_valid_for_chroma() -> None:
+    user = "client 123: ünicode & spaces"
+    assert _chroma.collection_name(user) == user_key(user)
+    assert _chroma.graph_collection_name(user) == "g-" + user_key(user)
+    for name in (_chroma.collection_name(user), _chroma.graph_collection_name(user)):
+        assert _NAME.match(name) and "client" not in name
+    with pytest.raises(InvalidUserIdError):
+        _chroma.collection_name("../etc")
+
+
+def test_make_client_needs_one_place_and_names_an_unreachable_server(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        _chroma.make_client()
+    with pytest.raises(ConfigError):
+        _chroma.make_client(path=tmp_path, url="http://127.0.0.1:9")
+    with pytest.raises(StorageError, match="could not open the Chroma server at http://127"):
+        _chroma.make_client(url="http://127.0.0.1:9")  # nothing listens on the discard port
+    client = _chroma.make_client(path=tmp_path / "new" / "dir")
+    assert (tmp_path / "new" / "dir").is_dir()
+    _chroma.close_client(client)
+    _chroma.close_client(client)  # idempotent
+
+
+def test_not_found_is_recognised_by_class_not_by_message(mode: dict[str, Any]) -> None:
+    from chromadb.errors import InvalidArgumentError, NotFoundError
+
+    client = mode["make"]()
+    with pytest.raises(NotFoundError) as missing:
+        client.get_collection("u-does-not-exist", embedding_function=None)
+    assert _chroma.is_not_found(missing.value)
+    with pytest.raises(InvalidArgumentError) as invalid:
+        client.get_or_create_collection("x", embedding_function=None)  # too short a name
+    assert not _chroma.is_not_found(invalid.value)
+    assert not _chroma.is_not_found(ValueError("Collection [u-x] does not exist"))
+
+    class NotFoundErrorLookAlike(Exception):
+        pass
+
+    NotFoundErrorLookAlike.__name__ = "NotFoundError"
+    assert not _chroma.is_not_found(NotFoundErrorLookAlike("does not exist"))
+
+
+def test_create_open_drop(mode: dict[str, Any], unique_user: str) -> None:
+    client = mode["make"]()
+    name = _chroma.collection_name(unique_user)
+    assert _chroma.open_collection(client, name) is None
+    created = _chroma.create_collection(client, name, {"user_id": unique_user, "dimension": 3})
+    assert created.configuration["hnsw"]["space"] == "cosine"  # type: ignore[index]
+    assert created.configuration["embedding_function"] is None  # never Chroma's own embedder
+    again = _chroma.create_collection(client, name, {"user_id": "ignored", "dimension": 9})
+    assert again.id == created.id and again.metadata == {"user_id": unique_user, "dimension": 3}
+    opened = _chroma.open_collection(client, name)
+    assert opened is not None and opened.id == created.id
+    _chroma.drop_collection(client, name)
+    _chroma.drop_collection(client, name)  # a missing collection is fine
+    assert _chroma.open_collection(client, name) is None
+
+
+def test_handles_cache_create_and_return_none_when_missing(
+    mode: dict[str, Any], unique_user: str
+) -> None:
+    handles = _chroma.CollectionHandles(mode["make"]())
+    name = _chroma.collection_name(unique_user)
+    checked: list[str] = []
+
+    def count(c: Any) -> int:
+        return int(c.count())
+
+    def check(c: Any) -> None:
+        checked.append(c.name)
+
+    assert handles.run(name, count, user_id=unique_user, what="count") is None
+    assert handles.run(name, count, user_id=unique_user, what="count",
+                       create={"user_id": unique_user}, check=check) == 0
+    assert handles.run(name, count, user_id=unique_user, what="count", check=check) == 0
+    assert checked == [name]  # a cached handle is vetted once
+    assert "cached=1" in repr(handles)
+    handles.drop(name, user_id=unique_user, what="drop")
+    assert handles.run(name, count, user_id=unique_user, what="count") is None
+
+
+def test_a_stale_handle_is_reopened_once(mode: dict[str, Any], unique_user: str) -> None:
+    mine, other = _chroma.CollectionHandles(mode["make"]()), mode["make"]()
+    name = _chroma.collection_name(unique_user)
+    meta = {"user_id": unique_user}
+
+    def write() -> None:
+        mine.run(name, lambda c: c.upsert(ids=["a"], embeddings=[[1.0, 0.0]]),
+                 user_id=unique_user, what="write", create=meta)
+
+    def count() -> int | None:
+        return mine.run(name, lambda c: c.count(), user_id=unique_user, what="count")
+
+    write()
+    assert count() == 1  # a cached handle now
+    _chroma.drop_collection(other, name)  # another process forgets the user
+    assert count() is None  # stale handle: NotFoundError, dropped, reopened: gone
+    _chroma.create_collection(other, name, meta)  # ... and the user comes back
+    assert count() == 0
+    _chroma.drop_collection(other, name)
+    write()  # a write behind a stale handle re-creates the collection
+    assert _chroma.open_collection(other, name).count() == 1  # type: ignore[union-attr]
+
+
+def test_failures_become_storage_errors_naming_user_and_operation(
+    mode: dict[str, Any], unique_user: str
+) -> None:
+    handles = _chroma.CollectionHandles(mode["make"](), hint="check the server")
+    name = _chroma.collection_name(unique_user)
+    with pytest.raises(StorageError, match=rf"could not search the memories of '{unique_user}': "
+                                           r".*; check the server") as err:
+        handles.run(name, lambda c: c.get(where={"$bogus": 1}), user_id=unique_user,
+                    what="search the memories", create={"user_id": unique_user})
+    assert err.value.__cause__ is not None
+
+    def refuse(c: Any) -> None:
+        raise EmbedderMismatchError("built by another embedder")
+
+    handles.forget(name)
+    with pytest.raises(EmbedderMismatchError):  # hybridmem's own errors pass through
+        handles.run(name, lambda c: c.count(), user_id=unique_user, what="count", check=refuse)
+    assert "cached=0" in repr(handles)  # a refused handle is not kept
+
+
+def test_scrub_freed_heap_reports_whether_it_could() -> None:
+    assert isinstance(_chroma.scrub_freed_heap(), bool)
