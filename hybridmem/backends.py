@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hybridmem._files import remove_tree, user_dir
 from hybridmem.config import Settings
@@ -83,21 +84,23 @@ def open_stores(
     """The given stores, and the defaults for the rest: embedded files under ``data_dir``, or
     with ``chroma_url`` the shared server (graph and lexical index then derived from it)."""
     s = settings
+    client: Any = None  # server mode: one Chroma client for the three stores
     if vectors is None:
         from hybridmem.vector import ChromaVectorStore
 
-        vectors = ChromaVectorStore(
+        chroma = ChromaVectorStore(
             embedder_name=embedder.name,
             dimension=embedder.dimension,
             path=None if s.chroma_url else s.data_dir / "chroma",
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
         )
+        vectors, client = chroma, chroma.client
     if lexical is None:
         if s.chroma_url:  # shared by every process: a cache of the server's documents
             from hybridmem.shared import ChromaLexicalIndex
 
-            lexical = ChromaLexicalIndex(url=s.chroma_url)
+            lexical = ChromaLexicalIndex(client=client, url=None if client else s.chroma_url)
         else:
             from hybridmem.lexical import SqliteLexicalIndex
 
@@ -106,7 +109,7 @@ def open_stores(
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.shared import ChromaGraphStore
 
-            graph = ChromaGraphStore(url=s.chroma_url)
+            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url)
         else:
             from hybridmem.graph import NetworkXGraphStore
 

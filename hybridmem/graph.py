@@ -201,6 +201,11 @@ class NetworkXGraphStore:
         with self._lock, self._file_lock(user_id):
             self._save(user_id, self._state(user_id))
 
+    def refresh(self, user_id: str) -> None:
+        """Re-read the user's file if another process rewrote it (every read checks anyway)."""
+        with self._lock:
+            self._state(user_id)
+
     # ---------------------------------------------------------------- writes
 
     def add_extraction(

@@ -62,6 +62,9 @@ class SqliteLexicalIndex(PerUserSqlite):
         if ids:
             self._write(user_id, "update the index", lambda conn: _delete(conn, ids), create=False)
 
+    def refresh(self, user_id: str) -> None:
+        """Nothing to catch up with: every process reads the same file, SQLite keeps it current."""
+
     def search(self, user_id: str, query: str, *, limit: int) -> list[tuple[str, float]]:
         """(memory id, score) best first; score is ``-bm25()`` so that higher is better."""
         words = content_words(query)

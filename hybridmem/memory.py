@@ -461,6 +461,13 @@ class Memory:
         self._access.note(user_id, [h.item.id for h in hits], utcnow())
         return hits
 
+    def refresh(self, user_id: str) -> None:
+        """With a Chroma server, catch up with other processes' writes to the user now, instead
+        of within ``refresh_interval`` (1 s); embedded, there is nothing to catch up with."""
+        self._check(user_id)
+        self._stores.lexical.refresh(user_id)
+        self._stores.graph.refresh(user_id)
+
     def flush_access(self) -> None:
         """Write buffered access counts and last-accessed times (also done on close)."""
         self._access.flush()

@@ -27,6 +27,7 @@ from hybridmem.errors import InvalidInputError, InvalidUserIdError
 __all__ = [
     "MAX_LIMIT",
     "MAX_TEXT_CHARS",
+    "AddRequest",
     "ChatReply",
     "Context",
     "ContextLine",

