@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, Union
@@ -170,10 +171,12 @@ class CollectionHandles:
     once more with a fresh one. ``hint`` is appended to error messages (what to check).
     """
 
-    def __init__(self, client: ClientAPI, *, hint: str = "") -> None:
+    def __init__(self, client: ClientAPI, *, hint: str = "", max_open: int = 128) -> None:
         self.client = client
         self._hint = hint
-        self._cache: dict[str, Collection] = {}
+        #: Least recently used first, at most ``max_open`` handles (a handle is cheap to reopen).
+        self._cache: OrderedDict[str, Collection] = OrderedDict()
+        self._max_open = max(1, max_open)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -218,6 +221,7 @@ class CollectionHandles:
         with self._lock:
             cached = self._cache.get(name)
             if cached is not None:
+                self._cache.move_to_end(name)
                 return cached
             if create is not None:
                 collection: Collection | None = create_collection(self.client, name, create)
@@ -227,6 +231,8 @@ class CollectionHandles:
                 if check is not None:
                     check(collection)
                 self._cache[name] = collection
+                while len(self._cache) > self._max_open:
+                    self._cache.popitem(last=False)
             return collection
 
     def drop(self, name: str, *, user_id: str, what: str) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -152,3 +154,58 @@ def _time(value: object, where: str) -> datetime | None:
         except ValueError:
             pass
     raise ValueError(f"{where} {value!r} is not an ISO 8601 time")
+
+
+def append_op(path: Path, op: Mapping[str, Any]) -> int:
+    """Append one change to a graph's log as a JSON line, fsync'd; returns the bytes written.
+
+    Appends are the whole cost of a graph write (O(its own entities)); the snapshot is rewritten
+    only when the log outgrows it (see ``NetworkXGraphStore``)."""
+    line = json.dumps(op, default=_json_default, ensure_ascii=False).encode("utf-8") + b"\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(line)
+
+
+def read_ops(path: Path) -> list[dict[str, Any]]:
+    """The changes in a graph's log, oldest first. A torn last line (the process died while
+    appending it) is dropped and cut off the file; a bad line anywhere else is corruption."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    ops: list[dict[str, Any]] = []
+    lines = raw.split(b"\n")
+    for number, line in enumerate(lines):
+        if not line:
+            continue
+        try:
+            op = json.loads(line)
+            if not isinstance(op, dict) or op.get("op") not in ("add", "remove"):
+                raise ValueError("not a graph change")
+        except ValueError:
+            if number == len(lines) - 1:  # unterminated: an append cut short by a crash
+                with open(path, "r+b") as handle:
+                    handle.truncate(sum(len(x) + 1 for x in lines[:number]))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                break
+            raise ValueError(f"line {number + 1} of {path} is not a graph change") from None
+        ops.append(op)
+    return ops
+
+
+def truncate(path: Path) -> None:
+    """Empty a graph's log after its changes were folded into the snapshot (durably)."""
+    try:
+        with open(path, "r+b") as handle:
+            handle.truncate(0)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except FileNotFoundError:
+        pass

@@ -18,6 +18,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,10 +70,15 @@ class PerUserSqlite:
     what = "store"
     schema: tuple[str, ...] = ()
 
-    def __init__(self, data_dir: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike[str], *, timeout: float = 5.0, max_open: int = 128
+    ) -> None:
         self._data_dir = Path(data_dir)
         self._timeout = timeout
-        self._conns: dict[str, sqlite3.Connection] = {}
+        #: Least recently used first; beyond ``max_open`` the oldest connection is closed, so
+        #: open files stay flat however many users a process serves.
+        self._conns: OrderedDict[str, sqlite3.Connection] = OrderedDict()
+        self._max_open = max(1, max_open)
         self._lock = threading.RLock()
         self._closed = False
 
@@ -93,6 +99,7 @@ class PerUserSqlite:
         key = user_key(user_id)
         conn = self._conns.get(key)
         if conn is not None:
+            self._conns.move_to_end(key)
             return conn
         path = user_dir(self._data_dir, user_id, create=create) / self.file_name
         if not create and not path.exists():
@@ -113,6 +120,9 @@ class PerUserSqlite:
             conn.close()
             raise storage_error(exc, f"open the {self.what} {path}") from exc
         self._conns[key] = conn
+        while len(self._conns) > self._max_open:  # callers hold the lock: nobody is using it
+            _, oldest = self._conns.popitem(last=False)
+            oldest.close()
         return conn
 
     def _write(
@@ -188,7 +198,7 @@ class PerUserSqlite:
         """Close every connection; idempotent. The store refuses use afterwards."""
         with self._lock:
             self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
+            conns, self._conns = list(self._conns.values()), OrderedDict()
             for conn in conns:
                 conn.close()
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridmem._dirlock import DataDirLock
 from hybridmem._files import remove_tree, user_dir
 from hybridmem.config import Settings
 from hybridmem.errors import EmbedderError, HybridMemError
@@ -42,12 +43,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Stores:
-    """The four stores of a Memory, used only through their Protocols."""
+    """The four stores of a Memory, used only through their Protocols, and (embedded) the lock
+    that keeps their directory to this process."""
 
     vectors: VectorStore
     lexical: LexicalIndex
     graph: GraphStore
     history: HistoryLog
+    dir_lock: DataDirLock | None = None
 
     def drop_user(self, settings: Settings, user_id: str) -> None:
         """Erase everything of the user in every store, then the user's folder, then make the
@@ -68,6 +71,8 @@ class Stores:
             except Exception as exc:  # keep closing the others
                 log.warning("closing %s failed: %s", type(store).__name__, exc)
                 failure = failure or exc
+        if self.dir_lock is not None:
+            self.dir_lock.release()
         if failure is not None:
             raise failure
 
@@ -84,6 +89,25 @@ def open_stores(
     """The given stores, and the defaults for the rest: embedded files under ``data_dir``, or
     with ``chroma_url`` the shared server (graph and lexical index then derived from it)."""
     s = settings
+    # embedded: this process's directory until closed (DataDirLockedError if another has it)
+    dir_lock = None if s.chroma_url else DataDirLock(s.data_dir)
+    try:
+        return _open(s, embedder, vectors, lexical, graph, history, dir_lock)
+    except BaseException:
+        if dir_lock is not None:
+            dir_lock.release()
+        raise
+
+
+def _open(
+    s: Settings,
+    embedder: Embedder,
+    vectors: VectorStore | None,
+    lexical: LexicalIndex | None,
+    graph: GraphStore | None,
+    history: HistoryLog | None,
+    dir_lock: DataDirLock | None,
+) -> Stores:
     client: Any = None  # server mode: one Chroma client for the three stores
     if vectors is None:
         from hybridmem.vector import ChromaVectorStore
@@ -94,6 +118,7 @@ def open_stores(
             path=None if s.chroma_url else s.data_dir / "chroma",
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
+            max_open=s.max_open_users,
         )
         vectors, client = chroma, chroma.client
     if lexical is None:
@@ -104,7 +129,7 @@ def open_stores(
         else:
             from hybridmem.lexical import SqliteLexicalIndex
 
-            lexical = SqliteLexicalIndex(s.data_dir)
+            lexical = SqliteLexicalIndex(s.data_dir, max_open=s.max_open_users)
     if graph is None:
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.shared import ChromaGraphStore
@@ -113,12 +138,13 @@ def open_stores(
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir)
+            graph = NetworkXGraphStore(s.data_dir, max_open=s.max_open_users)
     if history is None:
         from hybridmem.history import HistoryStore
 
-        history = HistoryStore(s.data_dir)
-    return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history)
+        history = HistoryStore(s.data_dir, max_open=s.max_open_users)
+    return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
+                  dir_lock=dir_lock)
 
 
 def default_embedder(settings: Settings) -> Embedder:

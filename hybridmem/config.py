@@ -66,6 +66,11 @@ class Settings(BaseSettings):
         default="auto", description="auto: llm when an endpoint is configured, else rules."
     )
 
+    max_open_users: int = Field(
+        default=128, ge=1, le=100_000,
+        description="Users whose open state (SQLite connections, graphs, collection handles) a "
+        "process keeps; the least recently used beyond this are closed, so open files stay flat.",
+    )
     scrub_heap: bool = Field(
         default=True,
         description="Overwrite freed heap memory (glibc M_PERTURB) so erased text cannot reach "

@@ -12,6 +12,7 @@ Every error subclasses :class:`HybridMemError` *and* the builtin it resembles, a
     ├── StorageError               (RuntimeError, 500) the vector store, graph or index failed
     │   ├── CorruptStateError      (500)               a file on disk cannot be read back
     │   ├── EmbedderMismatchError  (409)               a collection was built by another embedder
+    │   ├── DataDirLockedError     (409)               another process has the embedded data dir
     │   └── StoreBusyError         (503, retryable)    a database is locked by another writer
     ├── EmbedderError              (RuntimeError, 500) the embedder failed or returned bad vectors
     └── BackendError               (RuntimeError, 502) the configured OpenAI-compatible endpoint failed
@@ -33,6 +34,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "CorruptStateError",
+    "DataDirLockedError",
     "EmbedderError",
     "EmbedderMismatchError",
     "HybridMemError",
@@ -91,6 +93,13 @@ class CorruptStateError(StorageError):
 
 class EmbedderMismatchError(StorageError):
     """A user's collection was built by a different embedder than the one configured."""
+
+    status_code = 409
+
+
+class DataDirLockedError(StorageError):
+    """Another live process has this embedded data dir open (embedded storage is one process's);
+    the message names it and the two ways to share a store."""
 
     status_code = 409
 

@@ -2,8 +2,17 @@
 
 A memory that shares no word with the query can still be found when its entities are connected
 to the query's ("ROG laptop" <-complements- "Dell 4K monitor"). Each user's graph is a
-``networkx.DiGraph`` kept in memory and saved atomically to ``data_dir/users/<hash>/graph.json``
-as node-link JSON wrapped in ``{"schema": 1, "graph": ...}`` (see :mod:`hybridmem._graphio`).
+``networkx.DiGraph`` kept in memory and persisted as a snapshot plus a change log:
+
+- ``users/<hash>/graph.json``: node-link JSON wrapped in ``{"schema": 1, "graph": ...}`` (see
+  :mod:`hybridmem._graphio`), written atomically, readable by ``nx.node_link_graph``;
+- ``users/<hash>/graph.log``: one fsync'd JSON line per change since (``add`` with the memories'
+  extractions, ``remove`` with their ids), replayed on load. A write costs O(its own entities).
+  When the log outgrows the snapshot (and :data:`COMPACT_MIN_BYTES`) it is folded into a new
+  snapshot and emptied, so the total rewrite cost stays proportional to what was appended. Both
+  steps are crash-safe: replaying a change the snapshot already holds changes nothing, and a line
+  torn by a crash is dropped. Removing with ``erase=True`` (a forgotten memory) compacts at once,
+  so no line of the log still carries what the memory said.
 
 Nodes are keyed by :func:`hybridmem.text.entity_key`, so "ROG laptop", "the rog  Laptop" and
 "ROG Laptop." are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases``
@@ -20,9 +29,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -32,61 +41,31 @@ import networkx as nx
 
 from hybridmem._files import atomic_write_bytes, user_dir, user_key, user_lock
 from hybridmem._graphio import (
-    MAX_PREDICATE,
     SCHEMA,
+    append_op,
     from_json_bytes,
     graph_from,
     node_link,
-    refresh_edge,
+    read_ops,
     to_json_bytes,
+    truncate,
 )
+from hybridmem._graphstate import LOG_FILE, UserGraph, stamp_of
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
-from hybridmem.text import entity_key, words
+from hybridmem.text import words
 
-__all__ = ["GRAPH_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore"]
+__all__ = ["GRAPH_FILE", "LOG_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore"]
 
 log = logging.getLogger(__name__)
 
 GRAPH_FILE = "graph.json"
+#: The change log is folded into the snapshot once it is larger than the snapshot and this.
+COMPACT_MIN_BYTES = 256 * 1024
 #: Longest entity name (in words) that :meth:`NetworkXGraphStore.entities_in` can recognise.
 MAX_NGRAM = 6
 _NOT_ENTITIES = frozenset({"i", "me", "my", "you", "it", "we", "us", "he", "she", "they", "this"})
 _Edge = tuple[str, str]
-
-
-@dataclass
-class _UserGraph:
-    """One user's graph and the indexes derived from it (rebuilt on load, never saved)."""
-
-    user_id: str
-    path: Path | None  # None: in-memory store
-    graph: nx.DiGraph[str] = field(default_factory=nx.DiGraph)
-    stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read or written
-    aliases: dict[str, set[str]] = field(default_factory=dict)  # canonical alias -> node keys
-    mem_nodes: dict[str, set[str]] = field(default_factory=dict)
-    mem_edges: dict[str, set[_Edge]] = field(default_factory=dict)
-
-    def index(self) -> None:
-        self.aliases.clear()
-        self.mem_nodes.clear()
-        self.mem_edges.clear()
-        for key, attrs in self.graph.nodes(data=True):
-            for alias in {key, *attrs["aliases"]}:
-                self.aliases.setdefault(entity_key(alias), set()).add(key)
-            for mid in attrs["memory_ids"]:
-                self.mem_nodes.setdefault(mid, set()).add(key)
-        for u, v, attrs in self.graph.edges(data=True):
-            for mid in attrs["memory_ids"]:
-                self.mem_edges.setdefault(mid, set()).add((u, v))
-
-    def resolve(self, name: str, key: str | None = None) -> str | None:
-        """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
-        key = entity_key(name) if key is None else key
-        if key in self.graph:
-            return key
-        found = self.aliases.get(key)
-        return min(found) if found else None
 
 
 class NetworkXGraphStore:
@@ -116,15 +95,18 @@ class NetworkXGraphStore:
         max_memories: int = 500,
         hub_degree: int = 50,
         co_mentions: bool = True,
+        max_open: int = 128,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
+        self.max_open = max(1, max_open)
         self.autosave = autosave
         self.max_nodes = max_nodes
         self.max_memories = max_memories
         self.hub_degree = hub_degree
         self.co_mentions = co_mentions
         self._lock = threading.RLock()
-        self._users: dict[str, _UserGraph] = {}
+        #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
+        self._users: OrderedDict[str, UserGraph] = OrderedDict()
         self._dirty: set[str] = set()
         self._closed = False
 
@@ -150,51 +132,84 @@ class NetworkXGraphStore:
     def _file_lock(self, user_id: str) -> AbstractContextManager[object]:
         return nullcontext() if self.data_dir is None else user_lock(self.data_dir, user_id)
 
-    def _state(self, user_id: str) -> _UserGraph:
+    def _state(self, user_id: str) -> UserGraph:
         """The user's graph, loaded lazily and re-read if another process rewrote the file."""
         self._check_open()
         key = user_key(user_id)
         st = self._users.get(key)
         if st is None:
-            st = self._users[key] = _UserGraph(user_id, self._path(user_id))
+            st = self._users[key] = UserGraph(user_id, self._path(user_id))
             self._load(st)
-        elif key not in self._dirty and _stamp(st.path) != st.stamp:
-            self._load(st)
+            for old in [k for k in self._users if k not in self._dirty][:-self.max_open or None]:
+                if len(self._users) <= self.max_open or old == key:
+                    break
+                del self._users[old]
+        else:
+            self._users.move_to_end(key)
+            if key not in self._dirty and st.stamps() != st.stamp:
+                self._load(st)
         return st
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
 
-    def _load(self, st: _UserGraph) -> None:
-        stamp = _stamp(st.path)
-        if stamp is None or st.path is None:
-            st.graph, st.stamp = nx.DiGraph(), None
-        else:
+    def _load(self, st: UserGraph) -> None:
+        """Read the snapshot, then replay the log over it."""
+        st.graph, st.snapshot_bytes, st.log_bytes = nx.DiGraph(), 0, 0
+        if st.path is not None and st.log_path is not None:
+            reading = st.path
             try:
-                st.graph = from_json_bytes(st.path.read_bytes())
-            except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeError are ValueErrors
+                if st.path.exists():
+                    raw = st.path.read_bytes()
+                    st.graph, st.snapshot_bytes = from_json_bytes(raw), len(raw)
+                st.index()
+                reading = st.log_path
+                for op in read_ops(st.log_path):
+                    self._replay(st, op)
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON/UTF-8 errors too
                 raise CorruptStateError(
-                    f"graph file {st.path} cannot be read ({exc}); restore it from an export or "
-                    "move it away to start this user's graph empty"
+                    f"the graph file {reading} cannot be read ({exc}); restore the user from an "
+                    "export, or move graph.json and graph.log away to start this graph empty"
                 ) from exc
-            st.stamp = stamp
+            st.log_bytes = (stamp_of(st.log_path) or (0, 0))[1]
         st.index()
+        st.stamp = st.stamps()
         log.debug("graph %s loaded: %d nodes", st.path, st.graph.number_of_nodes())
 
-    def _save(self, user_id: str, st: _UserGraph) -> None:
-        if self.data_dir is None or st.path is None:
+    def _replay(self, st: UserGraph, op: Mapping[str, Any]) -> None:
+        if op["op"] == "add":
+            items = [(str(m), Extraction.model_validate(e)) for m, e in op["items"]]
+            st.add(items, as_utc(datetime.fromisoformat(op["at"])))
+        else:
+            st.remove([str(m) for m in op["ids"]])
+
+    def _record(self, user_id: str, st: UserGraph, op: dict[str, Any]) -> None:
+        """Persist one change: append it to the log, or compact when the log outgrew the
+        snapshot (``autosave=False`` defers everything to :meth:`save`)."""
+        if self.data_dir is None or st.log_path is None:
+            return
+        if not self.autosave:
+            self._dirty.add(user_key(user_id))
             return
         user_dir(self.data_dir, user_id)  # create the directory on first write
-        atomic_write_bytes(st.path, to_json_bytes(st.graph))
-        st.stamp = _stamp(st.path)
-        self._dirty.discard(user_key(user_id))
-
-    def _written(self, user_id: str, st: _UserGraph) -> None:
-        if self.autosave:
+        st.log_bytes += append_op(st.log_path, op)
+        if st.log_bytes > max(COMPACT_MIN_BYTES, st.snapshot_bytes):
             self._save(user_id, st)
         else:
-            self._dirty.add(user_key(user_id))
+            st.stamp = st.stamps()
+
+    def _save(self, user_id: str, st: UserGraph) -> None:
+        """Write the whole graph as the new snapshot, then empty the log (compaction)."""
+        if self.data_dir is None or st.path is None or st.log_path is None:
+            return
+        user_dir(self.data_dir, user_id)  # create the directory on first write
+        raw = to_json_bytes(st.graph)
+        atomic_write_bytes(st.path, raw)
+        truncate(st.log_path)
+        st.snapshot_bytes, st.log_bytes = len(raw), 0
+        st.stamp = st.stamps()
+        self._dirty.discard(user_key(user_id))
 
     def save(self, user_id: str) -> None:
         """Write the user's graph now (only needed with ``autosave=False``)."""
@@ -223,96 +238,25 @@ class NetworkXGraphStore:
         seen = as_utc(at or utcnow())
         with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
-            for memory_id, extraction in items:
-                names = [e.name for e in extraction.entities]
-                names += [n for r in extraction.relations for n in (r.subject, r.object)]
-                keys = {n: entity_key(n) for n in dict.fromkeys(names)}
-                types = {keys[e.name]: e.type for e in extraction.entities}
-                for ent in extraction.entities:
-                    self._node(st, ent.name, keys[ent.name], ent.type, memory_id, seen)
-                for rel in extraction.relations:
-                    u, v = (
-                        self._node(st, n, keys[n], types.get(keys[n], "thing"), memory_id, seen)
-                        for n in (rel.subject, rel.object)
-                    )
-                    if u is None or v is None or u == v:
-                        continue
-                    if not st.graph.has_edge(u, v):
-                        st.graph.add_edge(u, v, evidence={})
-                    attrs = st.graph.edges[u, v]
-                    pred = "_".join(rel.predicate.casefold().split())[:MAX_PREDICATE]
-                    pred = pred or "related_to"  # (casefolding can lengthen: "ß" -> "ss")
-                    support = attrs["evidence"].setdefault(pred, {})
-                    support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
-                    refresh_edge(attrs)
-                    st.mem_edges.setdefault(memory_id, set()).add((u, v))
-            self._written(user_id, st)
+            st.add(items, seen)
+            self._record(user_id, st, {"op": "add", "at": seen.isoformat(), "items": [
+                [m, e.model_dump(mode="json", exclude={"usage"})] for m, e in items
+            ]})
 
-    @staticmethod
-    def _node(
-        st: _UserGraph, name: str, canon: str, type_: str, memory_id: str, seen: datetime
-    ) -> str | None:
-        """Create or update the node for ``name``; the same entity never becomes two nodes."""
-        key = st.resolve(name, canon) or canon
-        if not key:
-            return None
-        g = st.graph
-        if key not in g:
-            g.add_node(
-                key,
-                name=name.strip(),
-                type=type_,
-                aliases=set(),
-                first_seen=seen,
-                last_seen=seen,
-                mentions=0,
-                memory_ids=set(),
-            )
-        attrs = g.nodes[key]
-        attrs["aliases"].add(" ".join(name.split()))
-        st.aliases.setdefault(canon, set()).add(key)
-        if attrs["type"] == "thing" and type_ != "thing":
-            attrs["type"] = type_  # a more specific type wins over the generic one
-        attrs["last_seen"] = max(attrs["last_seen"] or seen, seen)
-        attrs["first_seen"] = min(attrs["first_seen"] or seen, seen)
-        if memory_id not in attrs["memory_ids"]:
-            attrs["memory_ids"].add(memory_id)
-            attrs["mentions"] = len(attrs["memory_ids"])
-            st.mem_nodes.setdefault(memory_id, set()).add(key)
-        return key
+    def remove_memory(
+        self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
+    ) -> None:
+        """Forget memories: drop them from provenance, then edges and nodes nothing supports.
 
-    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
-        """Forget memories: drop them from provenance, then edges and nodes nothing supports."""
+        ``erase=True`` (the memories were deleted, not superseded) rewrites the snapshot at once,
+        so the log lines that carried their extractions are gone from disk."""
         with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
-            g, changed = st.graph, False
-            touched: set[str] = set()
-            for mid in memory_ids:
-                for u, v in st.mem_edges.pop(mid, set()):
-                    if not g.has_edge(u, v):
-                        continue
-                    attrs = g.edges[u, v]
-                    for pred in list(attrs["evidence"]):
-                        attrs["evidence"][pred].pop(mid, None)
-                        if not attrs["evidence"][pred]:
-                            del attrs["evidence"][pred]
-                    refresh_edge(attrs)
-                    if not attrs["evidence"]:
-                        g.remove_edge(u, v)
-                    touched.update((u, v))
-                    changed = True
-                for key in st.mem_nodes.pop(mid, set()):
-                    if key in g:
-                        g.nodes[key]["memory_ids"].discard(mid)
-                        g.nodes[key]["mentions"] = len(g.nodes[key]["memory_ids"])
-                        touched.add(key)
-                        changed = True
-            for key in touched:
-                if key in g and not g.nodes[key]["memory_ids"] and g.degree(key) == 0:
-                    g.remove_node(key)
-            if changed:
-                st.index()
-                self._written(user_id, st)
+            if st.remove(memory_ids) or erase:
+                if erase and self.autosave:
+                    self._save(user_id, st)
+                else:
+                    self._record(user_id, st, {"op": "remove", "ids": list(memory_ids)})
 
     def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
         """Replace the user's graph with an :meth:`export` (or any node-link dict) and save it;
@@ -332,13 +276,11 @@ class NetworkXGraphStore:
         self._check_open()
         with self._lock, self._file_lock(user_id):
             path = self._path(user_id)
-            try:
-                if path is not None:
-                    path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise StorageError(f"could not delete {path}: {exc}") from exc
+            for file in (path, path.with_name(LOG_FILE)) if path is not None else ():
+                try:
+                    file.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise StorageError(f"could not delete {file}: {exc}") from exc
             self._users.pop(user_key(user_id), None)
             self._dirty.discard(user_key(user_id))
 
@@ -442,7 +384,7 @@ class NetworkXGraphStore:
                     break
             return found
 
-    def _hub(self, st: _UserGraph, key: str) -> bool:
+    def _hub(self, st: UserGraph, key: str) -> bool:
         """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more
         than a third of the user's memories, like the speaker of every "I ..." statement."""
         mentions = len(st.graph.nodes[key]["memory_ids"])
@@ -450,7 +392,7 @@ class NetworkXGraphStore:
             return True
         return mentions >= 4 and mentions * 3 > len(st.mem_nodes)
 
-    def _neighbours(self, st: _UserGraph, u: str) -> list[tuple[str, str, set[str]]]:
+    def _neighbours(self, st: UserGraph, u: str) -> list[tuple[str, str, set[str]]]:
         """(node, label, supporting memory ids): relation edges by weight, then co-mentions."""
         g = st.graph
         out = [(v, _label(g, u, v), a["memory_ids"], -a["weight"]) for v, a in g.succ[u].items()]
@@ -557,13 +499,3 @@ def _label(g: nx.DiGraph[str], u: str, v: str) -> str:
     """An edge as text in its own direction: "Alice -bought/returned-> ROG laptop"."""
     preds = "/".join(g.edges[u, v]["predicates"])
     return f"{g.nodes[u]['name']} -{preds}-> {g.nodes[v]['name']}"
-
-
-def _stamp(path: Path | None) -> tuple[int, int] | None:
-    if path is None:
-        return None
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return None
-    return (info.st_mtime_ns, info.st_size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -71,6 +72,19 @@ MAX_CONTEXT_FACTS = 10
 MAX_KEY_CHARS = 100
 
 
+class _UserLock:
+    """A re-entrant lock that can be weakly referenced (``threading.RLock`` cannot)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 def _check_limit(limit: object, name: str = "limit") -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInputError(f"{name} must be an integer between 1 and {MAX_LIMIT}, got {limit!r}")
@@ -116,7 +130,8 @@ class Memory:
             history=history_log,
         )
         self._usage = UsageMeter()
-        self._locks: dict[str, threading.RLock] = {}
+        # a user's lock lives while someone holds or waits for it, so the map stays small
+        self._locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._locks_guard = threading.Lock()
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
@@ -172,7 +187,7 @@ class Memory:
         if self._closed:
             return
         try:
-            self._access.flush()
+            self._access.close()
         finally:
             self._closed = True
             try:
@@ -198,9 +213,12 @@ class Memory:
             raise ClosedError("this Memory is closed; create a new one")
         return validate_user_id(user_id)
 
-    def _lock(self, user_id: str) -> threading.RLock:
+    def _lock(self, user_id: str) -> Any:
         with self._locks_guard:
-            return self._locks.setdefault(user_id, threading.RLock())
+            lock = self._locks.get(user_id)
+            if lock is None:
+                lock = self._locks[user_id] = _UserLock()
+            return lock
 
     def _embed(self, texts: Sequence[str]) -> builtins.list[builtins.list[float]]:
         return backends.embed_checked(self._embedder, texts)

@@ -233,8 +233,12 @@ class GraphStore(Protocol):
         """Add memories' entities and relations (re-adding a memory is idempotent)."""
         ...
 
-    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
-        """Drop memories from provenance; edges and nodes nothing supports any more go."""
+    def remove_memory(
+        self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
+    ) -> None:
+        """Drop memories from provenance; edges and nodes nothing supports any more go.
+        ``erase``: the memories were deleted (not superseded), so nothing they said may stay in
+        any file the store writes."""
         ...
 
     def entities_in(self, user_id: str, text: str) -> builtins.list[str]:

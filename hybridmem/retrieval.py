@@ -9,10 +9,13 @@ memory and writes the counts in batches, so a search never waits for a write.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from hybridmem.backends import Stores
 from hybridmem.config import Settings
@@ -22,12 +25,15 @@ from hybridmem.ranking import Candidate, Weights, explain, fuse
 
 __all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "AccessLog", "Extras", "Retriever"]
 
+log = logging.getLogger(__name__)
 #: How many of the top hits lend their entities to graph expansion.
 GRAPH_SEED_HITS = 5
 #: Buffered memory accesses written to the store at once.
 ACCESS_FLUSH = 512
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
 EXTRAS_TTL = 5.0
+#: Users whose answer is kept (the least recently asked beyond this are dropped).
+MAX_EXTRAS = 4096
 Embed = Callable[[Sequence[str]], list[list[float]]]
 
 
@@ -119,13 +125,15 @@ class Retriever:
 
 
 class AccessLog:
-    """Access counts of returned memories, buffered in memory and written in batches."""
+    """Access counts of returned memories, buffered in memory and written in batches by a
+    background thread (and on close), so no search pays for a write."""
 
-    def __init__(self, stores: Stores, lock_for: Callable[[str], threading.RLock]) -> None:
+    def __init__(self, stores: Stores, lock_for: Callable[[str], Any]) -> None:
         self._stores = stores
         self._lock_for = lock_for
         self._pending: dict[str, dict[str, tuple[int, datetime]]] = {}
         self._guard = threading.Lock()
+        self._worker: threading.Thread | None = None
 
     def note(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
         """Count one access of each id; flush when :data:`ACCESS_FLUSH` are buffered."""
@@ -135,8 +143,28 @@ class AccessLog:
                 count, _ = seen.get(memory_id, (0, now))
                 seen[memory_id] = (count + 1, now)
             pending = sum(len(v) for v in self._pending.values())
-        if pending >= ACCESS_FLUSH:
+            if pending >= ACCESS_FLUSH and self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._flush_in_background, name="hybridmem-access", daemon=True
+                )
+                self._worker.start()
+
+    def _flush_in_background(self) -> None:
+        try:
             self.flush()
+        except Exception as exc:  # counts are a hint: never let them break anything
+            log.warning("writing access counts failed (%s); they are dropped", exc)
+        finally:
+            with self._guard:
+                self._worker = None
+
+    def close(self) -> None:
+        """Wait for a background write, then write what is left."""
+        with self._guard:
+            worker = self._worker
+        if worker is not None:
+            worker.join()
+        self.flush()
 
     def forget(self, user_id: str) -> None:
         """Drop what is buffered for a user being erased."""
@@ -170,7 +198,7 @@ class Extras:
 
     def __init__(self, stores: Stores) -> None:
         self._stores = stores
-        self._cache: dict[str, tuple[float, bool, bool]] = {}
+        self._cache: OrderedDict[str, tuple[float, bool, bool]] = OrderedDict()
         self._guard = threading.Lock()
 
     def of(self, user_id: str) -> tuple[bool, bool]:
@@ -184,6 +212,9 @@ class Extras:
         has_episodes = bool(vectors.list(user_id, where=eq("kind", "summary"), limit=1))
         with self._guard:
             self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes)
+            self._cache.move_to_end(user_id)
+            while len(self._cache) > MAX_EXTRAS:
+                self._cache.popitem(last=False)
         return has_facts, has_episodes
 
     def changed(self, user_id: str, items: Sequence[MemoryItem]) -> None:

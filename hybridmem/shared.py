@@ -215,8 +215,11 @@ class ChromaGraphStore(_ServerCache):
             self._cache.add_extractions(user_id, items, at=when)
             st.record_ids.update(ids)
 
-    def remove_memory(self, user_id: str, memory_ids: Sequence[str]) -> None:
-        """Delete every record of the memories (whoever wrote them) and drop them from the cache."""
+    def remove_memory(
+        self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
+    ) -> None:
+        """Delete every record of the memories (whoever wrote them) and drop them from the cache
+        (records are deleted either way, so ``erase`` changes nothing here)."""
         mids = list(dict.fromkeys(memory_ids))
         if not mids:
             return

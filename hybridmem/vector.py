@@ -95,12 +95,13 @@ class ChromaVectorStore:
         path: Path | None = None,
         url: str | None = None,
         scrub_heap: bool = True,
+        max_open: int = 128,
     ) -> None:
         if scrub_heap and url is None:
             _chroma.scrub_freed_heap()
         client = _chroma.make_client(path=path, url=url)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
-        self._handles = _chroma.CollectionHandles(client, hint=hint)
+        self._handles = _chroma.CollectionHandles(client, hint=hint, max_open=max_open)
         self._path = None if url is not None else path
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name

@@ -89,6 +89,8 @@ class WritePlan:
     merged_into: dict[str, str] = field(default_factory=dict)
     superseded: list[str] = field(default_factory=list)
     events: list[HistoryEvent] = field(default_factory=list)
+    #: Rewritten texts replace what the caller asked to erase (an update), not a merge.
+    erase: bool = False
 
     @property
     def written(self) -> list[str]:
@@ -235,6 +237,7 @@ class Writer:
         plan = WritePlan()
         event = HistoryEvent(memory_id=new.id, action="update", cause="updated by the caller")
         if new.text != old.text:
+            plan.erase = True
             plan.rewrite(new, self._embed([new.text])[0], event)
             self._extract_into(user_id, plan, infer=True)
         else:
@@ -254,7 +257,7 @@ class Writer:
         s = self._stores
         s.vectors.delete(user_id, ids)
         s.lexical.delete(user_id, ids)
-        s.graph.remove_memory(user_id, ids)
+        s.graph.remove_memory(user_id, ids, erase=True)
         s.history.scrub(user_id, ids)
         s.history.record(user_id, [
             HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
@@ -269,8 +272,8 @@ class Writer:
             s.vectors.upsert(user_id, items, [plan.vectors[i] for i in writes])
             try:
                 s.lexical.add(user_id, writes, [i.text for i in items])
-                if plan.rewritten:
-                    s.graph.remove_memory(user_id, plan.rewritten)
+                if plan.rewritten:  # a caller's new text erases what the old one said
+                    s.graph.remove_memory(user_id, plan.rewritten, erase=plan.erase)
                 s.graph.add_extractions(
                     user_id, [(i, plan.extractions.get(i, Extraction())) for i in writes]
                 )

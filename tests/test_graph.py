@@ -7,12 +7,14 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from hybridmem._files import user_dir
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError
 from hybridmem.extract import RuleExtractor
-from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore
+from hybridmem import graph as graph_module
+from hybridmem.graph import GRAPH_FILE, LOG_FILE, NetworkXGraphStore
 from hybridmem.models import Entity, Extraction, GraphEntity, GraphRelation, Relation
 from hybridmem.protocols import GraphStore
 
@@ -63,8 +65,10 @@ def test_round_trip_through_disk(tmp_path: Path) -> None:
     ]
     node = second.entity("u1", "ROG laptop")
     assert node is not None and node.memory_ids == ["m1", "m2"] and node.mentions == 2
+    second.save("u1")  # folds the change log into the snapshot
     raw = json.loads(graph_file(tmp_path, "u1").read_text())
     assert raw["schema"] == 1 and {"nodes", "edges"} <= raw["graph"].keys()
+    assert nx.node_link_graph(raw["graph"], edges="edges").number_of_edges() == 2
 
 
 def test_same_entity_written_differently_is_one_node(store: NetworkXGraphStore) -> None:
@@ -218,8 +222,9 @@ def test_atomic_saves_leave_no_temp_files(tmp_path: Path, store: NetworkXGraphSt
     for i in range(5):
         store.add_extraction("u", f"m{i}", ex(("alice", "bought", f"thing {i}")))
     store.remove_memory("u", ["m0"])
+    store.save("u")
     folder = graph_file(tmp_path, "u").parent
-    assert [p.name for p in folder.iterdir()] == [GRAPH_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([GRAPH_FILE, LOG_FILE])
 
 
 def test_without_autosave_nothing_is_written_until_save(tmp_path: Path) -> None:
@@ -452,3 +457,104 @@ def test_hub_seeds_do_not_flood_the_neighbourhood(tmp_path: Path) -> None:
     store.add_extractions("u", [("z", ex(("melanie", "painted", "a sunset")))])
     assert store.neighbourhood("u", ["caroline"], hops=1) == {}
     assert set(store.neighbourhood("u", ["melanie"], hops=1)) == {"z"}
+
+
+# -- the change log ----------------------------------------------------------------------------
+
+def test_an_add_appends_to_the_log_and_leaves_the_snapshot_alone(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    for i in range(20):
+        store.add_extraction("u", f"m{i}", ex(("alice", "bought", f"thing {i}")))
+    store.save("u")
+    snapshot, log_file = graph_file(tmp_path, "u"), graph_file(tmp_path, "u").with_name(LOG_FILE)
+    before = (snapshot.stat().st_mtime_ns, snapshot.stat().st_size)
+    assert log_file.stat().st_size == 0
+    store.add_extraction("u", "m-new", ex(("alice", "bought", "a Kindle")))
+    assert (snapshot.stat().st_mtime_ns, snapshot.stat().st_size) == before
+    lines = log_file.read_bytes().splitlines()
+    assert len(lines) == 1 and b"Kindle" in lines[0]  # one line, about this memory only
+    again = NetworkXGraphStore(tmp_path)  # snapshot + replayed log
+    assert again.relations("u") == store.relations("u")
+    assert again.entity("u", "kindle") is not None
+
+
+def test_the_log_is_folded_in_once_it_outgrows_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graph_module, "COMPACT_MIN_BYTES", 2_000)
+    store = NetworkXGraphStore(tmp_path)
+    snapshot = graph_file(tmp_path, "u")
+    sizes = []
+    for i in range(60):
+        store.add_extraction("u", f"m{i}", ex(("alice", "bought", f"thing {i}")))
+        sizes.append(snapshot.with_name(LOG_FILE).stat().st_size)
+    compactions = sum(1 for a, b in zip(sizes, sizes[1:]) if b < a)
+    assert compactions >= 2  # and each one emptied the log
+    assert max(sizes) <= max(2_000, snapshot.stat().st_size) + 400  # never far past the bound
+    assert len(NetworkXGraphStore(tmp_path).relations("u")) == 60
+
+
+def test_a_torn_last_line_is_dropped(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    log_file = graph_file(tmp_path, "u").with_name(LOG_FILE)
+    whole = log_file.stat().st_size
+    with log_file.open("ab") as handle:  # what a crash in the middle of an append leaves
+        handle.write(b'{"op": "add", "at": "2026-01-01T00:00:00+00:00", "items": [["m2", {"ent')
+    again = NetworkXGraphStore(tmp_path)
+    assert [r.object for r in again.relations("u")] == ["ROG laptop"]
+    assert log_file.stat().st_size == whole  # cut back to the last whole change
+    again.add_extraction("u", "m3", ex(("alice", "lives_in", "Lyon")))
+    assert len(NetworkXGraphStore(tmp_path).relations("u")) == 2
+
+
+def test_a_bad_line_inside_the_log_is_corruption(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(("alice", "bought", "ROG laptop")))
+    log_file = graph_file(tmp_path, "u").with_name(LOG_FILE)
+    log_file.write_bytes(b"not json\n" + log_file.read_bytes())
+    with pytest.raises(CorruptStateError, match="graph.log"):
+        NetworkXGraphStore(tmp_path).relations("u")
+
+
+def test_erasing_a_memory_leaves_no_line_of_it(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extraction("u", "m1", ex(("alice", "bought", "Quokkaphone")))
+    store.add_extraction("u", "m2", ex(("alice", "lives_in", "Lyon")))
+    store.remove_memory("u", ["m1"])  # superseded: the log keeps the history
+    assert b"Quokkaphone" in graph_file(tmp_path, "u").with_name(LOG_FILE).read_bytes()
+    store.remove_memory("u", ["m1"], erase=True)  # deleted: nothing of it may stay
+    folder = graph_file(tmp_path, "u").parent
+    assert all(b"quokkaphone" not in p.read_bytes().lower() for p in folder.iterdir())
+    assert [r.object for r in NetworkXGraphStore(tmp_path).relations("u")] == ["Lyon"]
+
+
+CRASH_IN_COMPACTION = r"""
+import os, sys
+from hybridmem import graph, _graphio
+from hybridmem.graph import NetworkXGraphStore
+from hybridmem.models import Extraction, Relation
+
+graph.COMPACT_MIN_BYTES = 1_500
+def die(path):  # the snapshot is written, the log not yet emptied: the worst moment
+    os._exit(9)
+graph.truncate = die
+store = NetworkXGraphStore(sys.argv[1])
+for i in range(100):
+    rel = Relation(subject="alice", predicate="bought", object=f"thing {i}")
+    store.add_extraction("u", f"m{i}", Extraction(relations=[rel]))
+    print(i, flush=True)
+"""
+
+
+def test_a_crash_during_compaction_loses_nothing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CRASH_IN_COMPACTION, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 9, done.stderr
+    acknowledged = len(done.stdout.split())  # adds that returned before the crash
+    relations = NetworkXGraphStore(tmp_path).relations("u")
+    # every acknowledged add survives, plus the one whose compaction died (its line was written)
+    assert {r.object for r in relations} == {f"thing {i}" for i in range(acknowledged + 1)}

@@ -1,0 +1,169 @@
+"""One user's graph in memory: the DiGraph, the indexes derived from it, and the two changes
+that can happen to it (memories' extractions added, memories removed). No I/O: the store
+(:mod:`hybridmem.graph`) loads, persists and locks; this module only keeps the graph right."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import networkx as nx
+
+from hybridmem._graphio import MAX_PREDICATE, refresh_edge
+from hybridmem.models import Extraction
+from hybridmem.text import entity_key
+
+__all__ = ["LOG_FILE", "Stamp", "UserGraph", "stamp_of"]
+
+LOG_FILE = "graph.log"
+Edge = tuple[str, str]
+#: (mtime_ns, size) of a file, None when it does not exist.
+Stamp = tuple[int, int] | None
+
+
+def stamp_of(path: Path | None) -> Stamp:
+    """A file's (mtime_ns, size), to notice that another writer changed it."""
+    if path is None:
+        return None
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return (info.st_mtime_ns, info.st_size)
+
+
+@dataclass
+class UserGraph:
+    """One user's graph and the indexes derived from it (rebuilt on load, never saved)."""
+
+    user_id: str
+    path: Path | None  # None: in-memory store
+    graph: nx.DiGraph[str] = field(default_factory=nx.DiGraph)
+    #: (mtime_ns, size) of the snapshot and of the log as last read or written
+    stamp: tuple[Stamp, Stamp] | None = None
+    snapshot_bytes: int = 0
+    log_bytes: int = 0
+    aliases: dict[str, set[str]] = field(default_factory=dict)  # canonical alias -> node keys
+    mem_nodes: dict[str, set[str]] = field(default_factory=dict)
+    mem_edges: dict[str, set[Edge]] = field(default_factory=dict)
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.path is None else self.path.with_name(LOG_FILE)
+
+    def stamps(self) -> tuple[Stamp, Stamp]:
+        return stamp_of(self.path), stamp_of(self.log_path)
+
+    def index(self) -> None:
+        self.aliases.clear()
+        self.mem_nodes.clear()
+        self.mem_edges.clear()
+        for key, attrs in self.graph.nodes(data=True):
+            for alias in {key, *attrs["aliases"]}:
+                self.aliases.setdefault(entity_key(alias), set()).add(key)
+            for mid in attrs["memory_ids"]:
+                self.mem_nodes.setdefault(mid, set()).add(key)
+        for u, v, attrs in self.graph.edges(data=True):
+            for mid in attrs["memory_ids"]:
+                self.mem_edges.setdefault(mid, set()).add((u, v))
+
+    def resolve(self, name: str, key: str | None = None) -> str | None:
+        """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
+        key = entity_key(name) if key is None else key
+        if key in self.graph:
+            return key
+        found = self.aliases.get(key)
+        return min(found) if found else None
+
+
+    def add(self, items: Sequence[tuple[str, Extraction]], seen: datetime) -> None:
+        """Apply extractions to the in-memory graph and its indexes (idempotent)."""
+        for memory_id, extraction in items:
+            names = [e.name for e in extraction.entities]
+            names += [n for r in extraction.relations for n in (r.subject, r.object)]
+            keys = {n: entity_key(n) for n in dict.fromkeys(names)}
+            types = {keys[e.name]: e.type for e in extraction.entities}
+            for ent in extraction.entities:
+                self._node(ent.name, keys[ent.name], ent.type, memory_id, seen)
+            for rel in extraction.relations:
+                u, v = (
+                    self._node(n, keys[n], types.get(keys[n], "thing"), memory_id, seen)
+                    for n in (rel.subject, rel.object)
+                )
+                if u is None or v is None or u == v:
+                    continue
+                if not self.graph.has_edge(u, v):
+                    self.graph.add_edge(u, v, evidence={})
+                attrs = self.graph.edges[u, v]
+                pred = "_".join(rel.predicate.casefold().split())[:MAX_PREDICATE]
+                pred = pred or "related_to"  # (casefolding can lengthen: "ß" -> "ss")
+                support = attrs["evidence"].setdefault(pred, {})
+                support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
+                refresh_edge(attrs)
+                self.mem_edges.setdefault(memory_id, set()).add((u, v))
+
+
+    def _node(
+        self, name: str, canon: str, type_: str, memory_id: str, seen: datetime
+    ) -> str | None:
+        """Create or update the node for ``name``; the same entity never becomes two nodes."""
+        key = self.resolve(name, canon) or canon
+        if not key:
+            return None
+        g = self.graph
+        if key not in g:
+            g.add_node(
+                key,
+                name=name.strip(),
+                type=type_,
+                aliases=set(),
+                first_seen=seen,
+                last_seen=seen,
+                mentions=0,
+                memory_ids=set(),
+            )
+        attrs = g.nodes[key]
+        attrs["aliases"].add(" ".join(name.split()))
+        self.aliases.setdefault(canon, set()).add(key)
+        if attrs["type"] == "thing" and type_ != "thing":
+            attrs["type"] = type_  # a more specific type wins over the generic one
+        attrs["last_seen"] = max(attrs["last_seen"] or seen, seen)
+        attrs["first_seen"] = min(attrs["first_seen"] or seen, seen)
+        if memory_id not in attrs["memory_ids"]:
+            attrs["memory_ids"].add(memory_id)
+            attrs["mentions"] = len(attrs["memory_ids"])
+            self.mem_nodes.setdefault(memory_id, set()).add(key)
+        return key
+
+    def remove(self, memory_ids: Sequence[str]) -> bool:
+        """Drop memories from the in-memory graph; True if anything changed."""
+        g, changed = self.graph, False
+        touched: set[str] = set()
+        for mid in memory_ids:
+            for u, v in self.mem_edges.pop(mid, set()):
+                if not g.has_edge(u, v):
+                    continue
+                attrs = g.edges[u, v]
+                for pred in list(attrs["evidence"]):
+                    attrs["evidence"][pred].pop(mid, None)
+                    if not attrs["evidence"][pred]:
+                        del attrs["evidence"][pred]
+                refresh_edge(attrs)
+                if not attrs["evidence"]:
+                    g.remove_edge(u, v)
+                touched.update((u, v))
+                changed = True
+            for key in self.mem_nodes.pop(mid, set()):
+                if key in g:
+                    g.nodes[key]["memory_ids"].discard(mid)
+                    g.nodes[key]["mentions"] = len(g.nodes[key]["memory_ids"])
+                    touched.add(key)
+                    changed = True
+        for key in touched:
+            if key in g and not g.nodes[key]["memory_ids"] and g.degree(key) == 0:
+                g.remove_node(key)
+        if changed:
+            self.index()
+        return changed
