@@ -25,7 +25,8 @@ import ctypes
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, Union
 from urllib.parse import urlparse
@@ -77,6 +78,44 @@ def scrub_freed_heap() -> bool:
         return False
 
 
+#: The share of the process's file descriptors embedded Chroma may keep open for its HNSW indexes.
+CHROMA_FILE_SHARE = 0.25
+
+
+@contextmanager
+def _file_budget(share: float) -> Iterator[None]:
+    """Let embedded Chroma see only ``share`` of the open-file limit while it starts.
+
+    Why: Chroma sizes its HNSW file cache (4 open files per collection) from ``RLIMIT_NOFILE`` at
+    client creation, as if the whole process were its own, so with one collection per user the
+    process ran out of descriptors (seen at ~200 users under ``ulimit -n 1024``). The soft limit is
+    lowered for the duration of the constructor only and restored at once."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 64:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(64, int(soft * share)), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def file_limit() -> int | None:
+    """The process's soft open-file limit (None when unlimited or unknown)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def make_client(*, path: Path | None = None, url: str | None = None) -> ClientAPI:
     """An embedded (``path``) or server (``url``) Chroma client with telemetry off.
 
@@ -101,7 +140,8 @@ def make_client(*, path: Path | None = None, url: str | None = None) -> ClientAP
             )
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
-        return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
+        with _file_budget(CHROMA_FILE_SHARE):
+            return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
     except Exception as exc:
         where = f"the Chroma server at {url}" if url is not None else f"the Chroma store at {path}"
         raise StorageError(f"could not open {where}: {exc}") from exc
@@ -171,12 +211,25 @@ class CollectionHandles:
     once more with a fresh one. ``hint`` is appended to error messages (what to check).
     """
 
-    def __init__(self, client: ClientAPI, *, hint: str = "", max_open: int = 128) -> None:
+    def __init__(
+        self,
+        client: ClientAPI,
+        *,
+        hint: str = "",
+        max_open: int = 128,
+        reopen: Callable[[], ClientAPI] | None = None,
+    ) -> None:
         self.client = client
         self._hint = hint
         #: Least recently used first, at most ``max_open`` handles (a handle is cheap to reopen).
         self._cache: OrderedDict[str, Collection] = OrderedDict()
         self._max_open = max(1, max_open)
+        #: Embedded Chroma keeps every index it ever opened open (4 files each) until its client
+        #: closes, whatever its cache size says; with ``reopen`` the client is replaced once
+        #: ``max_open`` collections were opened and no call is in flight, so files stay bounded.
+        self._reopen = reopen
+        self._opened = 0
+        self._in_flight = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -199,21 +252,37 @@ class CollectionHandles:
         :class:`~hybridmem.errors.EmbedderMismatchError`). Hybridmem's own errors pass through;
         any other failure becomes a :class:`StorageError` saying ``could not <what> of <user>``.
         """
-        for attempt in (0, 1):
-            try:
-                collection = self._handle(name, create, check)
-                if collection is None:
-                    return None
-                return call(collection)
-            except HybridMemError:
-                raise
-            except Exception as exc:
-                if not is_not_found(exc):
-                    raise self.error(user_id, what, exc) from exc
-                self.forget(name)
-                if attempt == 1 and create is not None:
-                    raise self.error(user_id, what, exc) from exc
-        return None  # dropped again right after being reopened: it does not exist now
+        with self._lock:
+            self._recycle_if_due()
+            self._in_flight += 1
+        try:
+            for attempt in (0, 1):
+                try:
+                    collection = self._handle(name, create, check)
+                    if collection is None:
+                        return None
+                    return call(collection)
+                except HybridMemError:
+                    raise
+                except Exception as exc:
+                    if not is_not_found(exc):
+                        raise self.error(user_id, what, exc) from exc
+                    self.forget(name)
+                    if attempt == 1 and create is not None:
+                        raise self.error(user_id, what, exc) from exc
+            return None  # dropped again right after being reopened: it does not exist now
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _recycle_if_due(self) -> None:
+        """Replace the client (call with the lock held) when it opened too many indexes."""
+        if self._reopen is None or self._opened <= self._max_open or self._in_flight:
+            return
+        self._cache.clear()
+        close_client(self.client)
+        self.client = self._reopen()
+        self._opened = 0
 
     def _handle(
         self, name: str, create: CollectionMeta | None, check: Callable[[Collection], None] | None
@@ -230,6 +299,7 @@ class CollectionHandles:
             if collection is not None:
                 if check is not None:
                     check(collection)
+                self._opened += 1
                 self._cache[name] = collection
                 while len(self._cache) > self._max_open:
                     self._cache.popitem(last=False)

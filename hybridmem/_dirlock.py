@@ -20,12 +20,13 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import ClassVar
 
 from hybridmem.errors import DataDirLockedError, StorageError
 
-__all__ = ["LOCK_FILE", "DataDirLock"]
+__all__ = ["LOCK_FILE", "DataDirLock", "UserLocks"]
 
 LOCK_FILE = "hybridmem.lock"
 
@@ -98,3 +99,33 @@ def _holder(fd: int) -> str:
                 f"({owner.get('command') or 'unknown command'})")
     except (OSError, ValueError, AttributeError):
         return "another process"
+
+
+class _UserLock:
+    """A re-entrant lock that can be weakly referenced (``threading.RLock`` cannot)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class UserLocks:
+    """One re-entrant lock per user within a process: ``with locks(user_id): ...`` serialises a
+    user's writes. A user's lock lives only while someone holds or waits for it (weak values), so
+    the map does not grow with the users a process has ever served."""
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakValueDictionary[str, _UserLock] = weakref.WeakValueDictionary()
+        self._guard = threading.Lock()
+
+    def __call__(self, user_id: str) -> _UserLock:
+        with self._guard:
+            lock = self._locks.get(user_id)
+            if lock is None:
+                lock = self._locks[user_id] = _UserLock()
+            return lock

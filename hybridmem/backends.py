@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridmem._chroma import file_limit
 from hybridmem._dirlock import DataDirLock
 from hybridmem._files import remove_tree, user_dir
 from hybridmem.config import Settings
@@ -109,6 +110,10 @@ def _open(
     dir_lock: DataDirLock | None,
 ) -> Stores:
     client: Any = None  # server mode: one Chroma client for the three stores
+    # two SQLite files per open user: keep them within a quarter of the file limit (embedded
+    # Chroma takes at most half, see _chroma.CHROMA_FILE_SHARE)
+    limit = file_limit()
+    max_open = min(s.max_open_users, max(8, limit // 8)) if limit else s.max_open_users
     if vectors is None:
         from hybridmem.vector import ChromaVectorStore
 
@@ -118,7 +123,7 @@ def _open(
             path=None if s.chroma_url else s.data_dir / "chroma",
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
-            max_open=s.max_open_users,
+            max_open=max_open,
         )
         vectors, client = chroma, chroma.client
     if lexical is None:
@@ -129,7 +134,7 @@ def _open(
         else:
             from hybridmem.lexical import SqliteLexicalIndex
 
-            lexical = SqliteLexicalIndex(s.data_dir, max_open=s.max_open_users)
+            lexical = SqliteLexicalIndex(s.data_dir, max_open=max_open)
     if graph is None:
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.shared import ChromaGraphStore
@@ -138,11 +143,11 @@ def _open(
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir, max_open=s.max_open_users)
+            graph = NetworkXGraphStore(s.data_dir, max_open=max_open)
     if history is None:
         from hybridmem.history import HistoryStore
 
-        history = HistoryStore(s.data_dir, max_open=s.max_open_users)
+        history = HistoryStore(s.data_dir, max_open=max_open)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock)
 

@@ -12,8 +12,6 @@ It holds no rules of its own. Where each concern lives:
 from __future__ import annotations
 
 import builtins
-import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -22,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from hybridmem import backends, episodes, policy
+from hybridmem._dirlock import UserLocks
 from hybridmem.bundle import export_bundle, import_bundle
 from hybridmem.config import Settings
 from hybridmem.context import assemble, build_context
@@ -72,19 +71,6 @@ MAX_CONTEXT_FACTS = 10
 MAX_KEY_CHARS = 100
 
 
-class _UserLock:
-    """A re-entrant lock that can be weakly referenced (``threading.RLock`` cannot)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    def __enter__(self) -> bool:
-        return self._lock.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 def _check_limit(limit: object, name: str = "limit") -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInputError(f"{name} must be an integer between 1 and {MAX_LIMIT}, got {limit!r}")
@@ -130,13 +116,12 @@ class Memory:
             history=history_log,
         )
         self._usage = UsageMeter()
-        # a user's lock lives while someone holds or waits for it, so the map stays small
-        self._locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-        self._locks_guard = threading.Lock()
+        self._lock = UserLocks()
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
         )
+        self._writer.recover()  # batches a crash left half-written, before anything else
         self._retriever = Retriever(s, self._stores, embed=self._embed)
         self._access = AccessLog(self._stores, self._lock)
         self._extras = Extras(self._stores)
@@ -212,13 +197,6 @@ class Memory:
         if self._closed:
             raise ClosedError("this Memory is closed; create a new one")
         return validate_user_id(user_id)
-
-    def _lock(self, user_id: str) -> Any:
-        with self._locks_guard:
-            lock = self._locks.get(user_id)
-            if lock is None:
-                lock = self._locks[user_id] = _UserLock()
-            return lock
 
     def _embed(self, texts: Sequence[str]) -> builtins.list[builtins.list[float]]:
         return backends.embed_checked(self._embedder, texts)

@@ -101,7 +101,10 @@ class ChromaVectorStore:
             _chroma.scrub_freed_heap()
         client = _chroma.make_client(path=path, url=url)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
-        self._handles = _chroma.CollectionHandles(client, hint=hint, max_open=max_open)
+        self._handles = _chroma.CollectionHandles(
+            client, hint=hint, max_open=max_open,
+            reopen=None if url is not None else lambda: _chroma.make_client(path=path),
+        )
         self._path = None if url is not None else path
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name

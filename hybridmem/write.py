@@ -27,7 +27,9 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
+from hybridmem import _journal as journal
 from hybridmem import policy
+from hybridmem._journal import Intent
 from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.errors import BackendError
@@ -254,44 +256,90 @@ class Writer:
 
     def delete(self, user_id: str, ids: Sequence[str], *, action: str, cause: str) -> None:
         """Delete memories from every store; their history keeps the event, not the text."""
-        s = self._stores
-        s.vectors.delete(user_id, ids)
-        s.lexical.delete(user_id, ids)
-        s.graph.remove_memory(user_id, ids, erase=True)
-        s.history.scrub(user_id, ids)
-        s.history.record(user_id, [
+        self._run(Intent(user_id=user_id, deleted=list(ids), events=[
             HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
-        ])
+        ]))
 
     def apply(self, user_id: str, plan: WritePlan, *, cause: str) -> None:
-        """Write the plan: vectors first (the source of truth), then lexical, graph, history."""
-        s = self._stores
-        writes, updates = plan.written, plan.updated
-        if writes:
-            items = [plan.items[i] for i in writes]
-            s.vectors.upsert(user_id, items, [plan.vectors[i] for i in writes])
-            try:
-                s.lexical.add(user_id, writes, [i.text for i in items])
-                if plan.rewritten:  # a caller's new text erases what the old one said
-                    s.graph.remove_memory(user_id, plan.rewritten, erase=plan.erase)
-                s.graph.add_extractions(
-                    user_id, [(i, plan.extractions.get(i, Extraction())) for i in writes]
-                )
-            except Exception:
-                new = [i for i in writes if i not in plan.rewritten]
-                s.vectors.delete(user_id, new)
-                s.lexical.delete(user_id, new)
-                raise
-        if updates:
-            s.vectors.update(user_id, [plan.items[i] for i in updates])
-        if plan.superseded:
-            s.graph.remove_memory(user_id, plan.superseded)
+        """Write the plan through the journal: vectors first (the source of truth), then the
+        lexical index, the graph and the history."""
+        writes = plan.written
         added = [
             HistoryEvent(memory_id=i, action="add", cause=cause, text=plan.items[i].text,
                          at=plan.items[i].created_at)
             for i in plan.fresh if i not in plan.merged_into
         ]
-        s.history.record(user_id, added + plan.events)
+        self._run(Intent(
+            user_id=user_id, written=[plan.items[i] for i in writes], rewritten=plan.rewritten,
+            erase=plan.erase,
+            extractions={i: plan.extractions[i] for i in writes if i in plan.extractions},
+            updated=[plan.items[i] for i in plan.updated], superseded=plan.superseded,
+            events=added + plan.events,
+        ), [plan.vectors[i] for i in writes])
+
+    def _run(self, intent: Intent, vectors: Sequence[list[float]] = ()) -> None:
+        """Journal the batch, write every store, clear the journal. An exception here undoes
+        the new vectors (so nothing is half-written) and clears the journal; a crash leaves the
+        journal for :meth:`recover`."""
+        data_dir, user_id = self._settings.data_dir, intent.user_id
+        journal.begin(data_dir, intent)
+        if intent.written:
+            self._stores.vectors.upsert(user_id, intent.written, vectors)
+        try:
+            self._finish(intent)
+        except Exception:
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
+            self._stores.vectors.delete(user_id, new)
+            self._stores.lexical.delete(user_id, new)
+            journal.finish(data_dir, user_id)
+            raise
+        journal.finish(data_dir, user_id)
+
+    def _finish(self, intent: Intent) -> None:
+        """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
+        s, user_id = self._stores, intent.user_id
+        written = [i.id for i in intent.written]
+        if written:
+            s.lexical.add(user_id, written, [i.text for i in intent.written])
+            if intent.rewritten:  # a caller's new text erases what the old one said
+                s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
+            s.graph.add_extractions(
+                user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
+            )
+        if intent.updated:
+            s.vectors.update(user_id, intent.updated)
+        if intent.superseded:
+            s.graph.remove_memory(user_id, intent.superseded)
+        if intent.deleted:
+            s.vectors.delete(user_id, intent.deleted)
+            s.lexical.delete(user_id, intent.deleted)
+            s.graph.remove_memory(user_id, intent.deleted, erase=True)
+            s.history.scrub(user_id, intent.deleted)
+        s.history.record(user_id, intent.events)
+
+    def recover(self) -> int:
+        """Finish or undo the batches a crash left in the journal (call before any write);
+        returns how many there were. Forward when the batch's vectors landed (the upsert is
+        the commit point), back when they did not."""
+        found = 0
+        for intent in journal.pending(self._settings.data_dir):
+            found += 1
+            user_id = intent.user_id
+            landed = {i.id: i.text for i in self._stores.vectors.get(
+                user_id, [i.id for i in intent.written])}
+            if all(landed.get(i.id) == i.text for i in intent.written):
+                log.warning("finishing a write to %d memories that a crash interrupted",
+                            len(intent.written) + len(intent.updated) + len(intent.deleted))
+                self._finish(intent)
+            else:  # the upsert never happened: nothing after it did either
+                log.warning("undoing a write of %d memories that a crash interrupted",
+                            len(intent.written))
+                new = [i.id for i in intent.written if i.id not in intent.rewritten]
+                self._stores.vectors.delete(user_id, new)
+                self._stores.lexical.delete(user_id, new)
+                self._stores.graph.remove_memory(user_id, new, erase=True)
+            journal.finish(self._settings.data_dir, user_id)
+        return found
 
     # -- planning ----------------------------------------------------------------------------------
     def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
