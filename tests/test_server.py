@@ -186,6 +186,11 @@ def test_memory_lifecycle(client: httpx.Client, service: Service, unique_user: s
     assert patched.json()["text"] == "Bought a ROG Strix laptop"
     assert patched.json()["importance"] == 0.9
     assert patched.json()["category"] == "purchase"  # untouched fields stay
+    assert patched.json()["metadata"] == {"order": 1234, "channel": "web"}
+    replaced = client.patch(url, json={"metadata": {"order": 1234}})  # metadata is replaced whole
+    assert replaced.json()["metadata"] == {"order": 1234}
+    assert client.patch(url, json={"metadata": {}}).json()["metadata"] == {}
+    assert client.get(url).json()["metadata"] == {}
 
     exported = client.get(f"/v1/users/{unique_user}/export").json()
     assert exported["user_id"] == unique_user
