@@ -310,7 +310,9 @@ def add(
 
 @app.command(name="import")
 def import_cmd(
-    args: list[str] = typer.Argument(..., metavar="[USER] PATH", show_default=False),
+    args: list[str] = typer.Argument(
+        ..., metavar="[USER] PATH", show_default=False,
+        help="The default user (optional), then the file."),
     data_dir: Optional[Path] = DataDirOpt,
 ) -> None:
     """Import memories from JSONL, CSV or an export JSON.
@@ -399,6 +401,10 @@ def chat(
 ) -> None:
     """Answer a message with memory, through the configured endpoint (HYBRIDMEM_BASE_URL)."""
     with _memory(data_dir) as mem:
+        if not mem.settings.llm_configured:
+            raise _fail("no chat endpoint is configured: set HYBRIDMEM_BASE_URL (with "
+                        "HYBRIDMEM_API_KEY and HYBRIDMEM_CHAT_MODEL as needed), or "
+                        "OPENAI_API_KEY for OpenAI")
         reply = mem.chat(user_id, message)
         print(reply.model_dump_json(indent=2) if as_json else reply.text)
 

@@ -117,6 +117,11 @@ def test_chat_through_the_configured_endpoint(
     assert sent.api_key == "sk-cli"
 
 
+def test_chat_without_an_endpoint_names_the_setting(cli: CliRunner) -> None:
+    output = run(cli, "chat", "erin", "Which monitor?", code=1)
+    assert "no chat endpoint is configured: set HYBRIDMEM_BASE_URL" in output
+
+
 def test_demo_is_offline_whatever_the_environment_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
