@@ -690,3 +690,36 @@ def test_chat_without_an_endpoint_is_503_naming_the_setting(
                 assert response.json()["error"]["type"] == "EndpointNotConfigured"
                 assert "HYBRIDMEM_BASE_URL" in response.json()["error"]["message"]
         assert mem.count(unique_user) == 0
+
+
+def test_hybridmem_serve_answers_loopback_hosts_only(tmp_path: Path) -> None:
+    """The real command, as a user runs it: a process bound to 127.0.0.1, keyless, loopback Hosts."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "OPENAI_"))}
+    env["HYBRIDMEM_EMBEDDER"] = "hash"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridmem.cli", "serve", "--port", str(port),
+         "--data-dir", str(tmp_path / "hm"), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                health = httpx.get(f"{url}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.2)
+        assert health.json()["version"] == __version__
+        added = httpx.post(f"{url}/v1/users/u1/memories", json={"text": "I live in Lyon."})
+        assert added.status_code == 201
+        rebound = httpx.get(f"{url}/v1/users/u1/memories", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 421 and "Lyon" not in rebound.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
