@@ -45,7 +45,7 @@ from hybridmem.models import (
 if TYPE_CHECKING:
     from hybridmem.memory import Memory
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BackendAuthError",

@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     server_api_key: SecretStr | None = Field(
         default=None, description="Bearer key(s) for the REST service, comma-separated."
     )
+    server_allowed_hosts: str | None = Field(
+        default=None,
+        description="Host header values the REST service answers, comma-separated ('*': any); "
+        "unset: the loopback names (localhost, 127.0.0.1, [::1]), against DNS rebinding.",
+    )
 
     @field_validator("data_dir")
     @classmethod
@@ -153,6 +158,12 @@ class Settings(BaseSettings):
     def resolved_embedding_base_url(self) -> str | None:
         """``embedding_base_url``, defaulting to ``base_url``."""
         return self.embedding_base_url or self.base_url
+
+    def server_hosts(self) -> list[str]:
+        """The Host names the REST service accepts (lower-case, without port); [] when unset."""
+        if not self.server_allowed_hosts:
+            return []
+        return [h.strip().lower() for h in self.server_allowed_hosts.split(",") if h.strip()]
 
     def server_keys(self) -> list[str]:
         """The REST service's accepted bearer keys."""

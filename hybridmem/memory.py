@@ -338,7 +338,12 @@ class Memory:
         metadata: Mapping[str, Any] | None = None,
         expires_at: datetime | None = None,
     ) -> MemoryItem:
-        """Change a memory; a new text is re-embedded, re-indexed and re-extracted."""
+        """Change a memory; a new text is re-embedded, re-indexed and re-extracted.
+
+        Fields left out (None) keep their value. ``metadata`` replaces the whole mapping
+        (``metadata={}`` clears it). To merge, pass the old mapping with your changes:
+        ``metadata={**item.metadata, "tier": "gold"}``; to remove a key, pass it without that key:
+        ``metadata={k: v for k, v in item.metadata.items() if k != "tier"}``."""
         self._check(user_id)
         meta = dict(metadata) if isinstance(metadata, Mapping) else metadata  # lists are refused
         try:

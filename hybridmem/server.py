@@ -1,15 +1,19 @@
 """The REST service: ``create_app(memory)`` returns a FastAPI app over one :class:`Memory`.
 
-Every ``/v1`` route is scoped by user (``/v1/users/{user_id}/...``) and needs
-``Authorization: Bearer <key>`` when keys are configured (``HYBRIDMEM_SERVER_API_KEY``,
-comma-separated for several). Errors are mapped by exception class through
-``HybridMemError.status_code``, answered as ``{"error": {"type": "<ClassName>", "message": ...}}``;
-FastAPI's own validation errors stay 422 (the same ``error`` object next to FastAPI's ``detail``).
+Every ``/v1`` route is scoped by user (``/v1/users/{user_id}/...``), mirrors one ``Memory`` method
+(its operation id is the route function's name) and needs ``Authorization: Bearer <key>`` when keys
+are configured (``HYBRIDMEM_SERVER_API_KEY``, comma-separated for several). Every error has one body,
+``{"error": {"type": "<ClassName>", "message": "..."}}``, mapped by exception class through
+``HybridMemError.status_code``; request validation errors (422) add FastAPI's ``detail`` list.
 
 Endpoints are plain ``def``: FastAPI runs them in its thread pool, because :class:`Memory` blocks
-(embedding, Chroma) and is thread-safe. Pure ASGI middlewares check the key and cap the body (413)
-before any body is parsed, and log one INFO line per request: method, route *template* (never a
-user id, key or memory text), status and milliseconds.
+(embedding, Chroma) and is thread-safe. Pure ASGI middlewares check the Host header (against DNS
+rebinding), the key and the body size (413) before any body is parsed, and log one INFO line per
+request: method, route *template* (never a user id, key or memory text), status and milliseconds.
+Each request's work is bounded: a body of at most ``max_body_bytes``, at most ``MAX_BATCH``
+memories or turns, ``limit`` at most ``MAX_LIMIT``, ``max_tokens`` at most ``MAX_CONTEXT_TOKENS``,
+a graph path at most ``MAX_PATH_DEPTH`` hops. ``/docs`` and ``/redoc`` are off (their pages load
+assets from a CDN); the schema is at ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -19,38 +23,53 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, FastAPI, Query, Security
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+try:
+    from fastapi import APIRouter, Body, FastAPI, Query, Security
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.routing import APIRoute
+    from fastapi.security import HTTPBearer
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("the REST service needs: pip install 'hybridmem[server]'") from exc
+from pydantic import BaseModel, ConfigDict, Field
 
-from hybridmem.errors import ConfigError, HybridMemError
 from hybridmem import Memory
+from hybridmem.errors import ConfigError, HybridMemError
 from hybridmem.models import (
     MAX_LIMIT,
     AddRequest,
     ChatReply,
     Context,
+    GraphEntity,
+    GraphRelation,
+    HistoryEvent,
     Hit,
     MemoryItem,
     Text,
     UpdateRequest,
+    UserStats,
     pydantic_message,
 )
 
-__all__ = ["create_app"]
+__all__ = ["LOOPBACK_HOSTS", "create_app"]
 
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/v1"
-#: Most memories accepted in one ``{"memories": [...]}`` body.
+#: Most memories (or conversation turns) accepted in one request.
 MAX_BATCH = 1000
+#: Largest context budget one request may ask for.
+MAX_CONTEXT_TOKENS = 100_000
+#: Longest graph path one request may ask for.
+MAX_PATH_DEPTH = 4
+#: The Host names answered by default (a page on another origin, DNS-rebound to 127.0.0.1, sends
+#: its own name and is refused).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
 Where = dict[str, Any]
@@ -67,19 +86,25 @@ class AddManyBody(_Body):
     memories: list[AddRequest] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-def _add_shape(value: Any) -> str:
-    return "many" if isinstance(value, dict) and "memories" in value else "one"
+class Turn(_Body):
+    role: Literal["user", "assistant", "system"]
+    content: Text
 
 
-#: One memory (``AddRequest``: text, category, importance, ...) or ``{"memories": [...]}``.
-AddBody = Annotated[
-    Union[Annotated[AddRequest, Tag("one")], Annotated[AddManyBody, Tag("many")]],
-    Discriminator(_add_shape),
-]
+class MessagesBody(_Body):
+    """Conversation turns, stored in order as memories of kind ``turn``."""
+
+    messages: list[Turn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-#: The fields to change (see :class:`~hybridmem.models.UpdateRequest`).
-UpdateBody = UpdateRequest
+class FactBody(_Body):
+    """A key fact: one current value per ``key`` (older values stay, superseded)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=100)]
+    value: Text
+    category: str = "general"
+    confidence: float = Field(default=1.0, ge=0, le=1)
+    importance: float = Field(default=0.8, ge=0, le=1)
 
 
 class _QueryBody(_Body):
@@ -99,7 +124,7 @@ class SearchBody(_QueryBody):
 class ContextBody(_QueryBody):
     """A token-bounded context; ``max_tokens`` defaults to the configured ``context_max_tokens``."""
 
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
     limit: Limit = 30
 
 
@@ -107,14 +132,16 @@ class ChatBody(_Body):
     """A chat turn answered with the user's memory; ``stream`` answers as server-sent events."""
 
     message: Text
-    max_context_tokens: int | None = Field(default=None, ge=1)
+    max_context_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
     stream: bool = False
 
 
 class Deleted(BaseModel):
-    """How many memories a delete removed."""
+    deleted: int = Field(description="How many memories the delete removed.")
 
-    deleted: int
+
+class Imported(BaseModel):
+    imported: int = Field(description="How many memories the import loaded.")
 
 
 class Health(BaseModel):
@@ -123,14 +150,39 @@ class Health(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    type: str
-    message: str
+    type: str = Field(description="The error class, e.g. NotFoundError, InvalidUserIdError.")
+    message: str = Field(description="What went wrong and what to do.")
 
 
 class ErrorBody(BaseModel):
-    """Every error the service answers (validation errors add FastAPI's ``detail`` list)."""
+    """The one error body: ``{"error": {"type", "message"}}``; on 422 also FastAPI's ``detail``."""
 
     error: ErrorDetail
+    detail: list[dict[str, Any]] | None = Field(
+        default=None, description="Request validation errors only: FastAPI's list of problems.")
+
+
+_ERROR_STATUSES = {
+    401: "Missing or wrong bearer key",
+    404: "No such memory or route",
+    409: "The stored collection was built by another embedder",
+    413: "Request body too large",
+    421: "Host header not allowed (HYBRIDMEM_SERVER_ALLOWED_HOSTS)",
+    422: "Invalid input: body, parameters or user id",
+    429: "The model endpoint is rate limiting",
+    500: "Internal error (see the server log)",
+    502: "The model endpoint failed or refused the key",
+    503: "Unavailable: no endpoint configured, the endpoint is down, or a store is busy",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
+}
+NO_ENDPOINT = ("no chat endpoint is configured: set HYBRIDMEM_BASE_URL (with HYBRIDMEM_API_KEY and "
+               "HYBRIDMEM_CHAT_MODEL as needed), or OPENAI_API_KEY for OpenAI")
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name  # the route function's name: add_memory, search, query_path, ...
 
 
 # -- the app --------------------------------------------------------------------------------------
@@ -138,49 +190,59 @@ def create_app(
     memory: Memory,
     *,
     api_keys: Sequence[str] | None = None,
+    allowed_hosts: Sequence[str] | None = None,
     max_body_bytes: int = 1_000_000,
 ) -> FastAPI:
     """A FastAPI app serving ``memory``. ``api_keys`` default to ``memory.settings.server_keys()``;
-    with none, ``/v1`` is open (for loopback use: ``hybridmem serve`` refuses other hosts)."""
+    with none, ``/v1`` is open (for loopback use: ``hybridmem serve`` refuses other hosts).
+    ``allowed_hosts`` (Host header names, ``"*"`` for any) default to
+    ``memory.settings.server_hosts()``, else :data:`LOOPBACK_HOSTS`."""
     from hybridmem import __version__
 
     keys = [k for k in (memory.settings.server_keys() if api_keys is None else api_keys) if k]
+    hosts = list(allowed_hosts if allowed_hosts is not None else (
+        memory.settings.server_hosts() or LOOPBACK_HOSTS))
     if max_body_bytes < 1:
         raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    if not hosts:
+        raise ConfigError("allowed_hosts is empty: no request could be answered; use '*' for any")
     if not keys:
         log.warning("no server API key configured: /v1 routes need no authentication")
 
     app = FastAPI(title="hybridmem", version=__version__,
-                  summary="Long-term memory for LLM apps, per user.")
+                  summary="Long-term memory for LLM apps, per user.",
+                  docs_url=None, redoc_url=None, generate_unique_id_function=_operation_id)
     # The dependency only documents the scheme in OpenAPI: the key is checked by _AuthMiddleware,
     # before the body is read, so an unauthenticated client learns nothing from validation errors.
     bearer = HTTPBearer(auto_error=False, description="HYBRIDMEM_SERVER_API_KEY")
-    v1 = APIRouter(
-        prefix=API_PREFIX + "/users/{user_id}",
-        dependencies=[Security(bearer)],
-        responses={
-            401: {"model": ErrorBody, "description": "Missing or wrong bearer key"},
-            413: {"model": ErrorBody, "description": "Request body too large"},
-        },
-    )
+    v1 = APIRouter(prefix=API_PREFIX + "/users/{user_id}", dependencies=[Security(bearer)],
+                   responses=ERROR_RESPONSES)
     _errors(app)
 
-    @app.get("/health", tags=["service"])
+    @app.get("/health", tags=["service"], responses={421: ERROR_RESPONSES[421]})
     def health() -> Health:
         """Liveness; needs no key."""
         return Health(version=__version__)
 
+    # -- memories
     @v1.post("/memories", status_code=201, tags=["memories"])
+    def add_memory(
+        user_id: str,
+        body: Annotated[AddRequest, Body()],
+        infer: bool = Query(True, description="false: extract with the offline rules only"),
+    ) -> MemoryItem:
+        """Store one memory; an identical memory is returned with its ``mention_count`` bumped
+        rather than stored twice. Several at once: ``POST .../memories/batch``."""
+        return memory.add_many(user_id, [body], infer=infer)[0]
+
+    @v1.post("/memories/batch", status_code=201, tags=["memories"])
     def add_memories(
         user_id: str,
-        body: Annotated[AddBody, Body()],
+        body: AddManyBody,
         infer: bool = Query(True, description="false: extract with the offline rules only"),
-    ) -> Union[MemoryItem, list[MemoryItem]]:
-        """Store one memory, or ``{"memories": [...]}`` in one batch; an identical memory is
-        returned with its ``mention_count`` bumped rather than stored twice."""
-        if isinstance(body, AddManyBody):
-            return memory.add_many(user_id, body.memories, infer=infer)
-        return memory.add_many(user_id, [body], infer=infer)[0]
+    ) -> list[MemoryItem]:
+        """Store ``{"memories": [...]}`` in one batch; one item per input, in order."""
+        return memory.add_many(user_id, body.memories, infer=infer)
 
     @v1.get("/memories", tags=["memories"])
     def list_memories(
@@ -188,10 +250,12 @@ def create_app(
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
         category: str | None = None,
+        kind: Literal["fact", "turn", "summary"] | None = None,
         include_superseded: bool = False,
     ) -> list[MemoryItem]:
-        """The user's memories, oldest first."""
+        """The user's memories, oldest first, optionally of one category and one kind."""
         return memory.list(user_id, limit=limit, offset=offset, category=category,
+                           where={"kind": kind} if kind else None,
                            include_superseded=include_superseded)
 
     @v1.get("/memories/{memory_id}", tags=["memories"])
@@ -199,7 +263,7 @@ def create_app(
         return memory.get(user_id, memory_id)
 
     @v1.patch("/memories/{memory_id}", tags=["memories"])
-    def update_memory(user_id: str, memory_id: str, body: UpdateBody) -> MemoryItem:
+    def update_memory(user_id: str, memory_id: str, body: UpdateRequest) -> MemoryItem:
         """Change a memory's fields; a new text is re-embedded and re-extracted."""
         return memory.update(user_id, memory_id, **body.model_dump(exclude_none=True))
 
@@ -207,6 +271,31 @@ def create_app(
     def delete_memory(user_id: str, memory_id: str) -> Deleted:
         return Deleted(deleted=memory.forget(user_id, memory_id))
 
+    @v1.post("/messages", status_code=201, tags=["memories"])
+    def add_messages(
+        user_id: str,
+        body: MessagesBody,
+        infer: bool = Query(True, description="false: extract with the offline rules only"),
+    ) -> list[MemoryItem]:
+        """Store conversation turns as memories of kind ``turn``, in order."""
+        return memory.add_messages(user_id, [m.model_dump() for m in body.messages], infer=infer)
+
+    @v1.get("/history", tags=["memories"])
+    def history(user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+        """What happened to the user's memories (or one memory), oldest first."""
+        return memory.history(user_id, memory_id)
+
+    @v1.post("/facts", tags=["facts"])
+    def remember(user_id: str, body: FactBody) -> MemoryItem:
+        """Set a key fact: one current value per key; the older value stays, superseded."""
+        return memory.remember(user_id, body.key, body.value, category=body.category,
+                               confidence=body.confidence, importance=body.importance)
+
+    @v1.get("/facts", tags=["facts"])
+    def facts(user_id: str, category: str | None = None) -> list[MemoryItem]:
+        return memory.facts(user_id, category=category)
+
+    # -- retrieval
     @v1.post("/search", tags=["retrieval"])
     def search(user_id: str, body: SearchBody) -> list[Hit]:
         """Hybrid search (vector, lexical, graph), each hit with its score breakdown and why."""
@@ -220,23 +309,45 @@ def create_app(
                               category=body.category, limit=body.limit,
                               include_superseded=body.include_superseded)
 
+    # -- the graph
+    @v1.get("/entities", tags=["graph"])
+    def entities(user_id: str) -> list[GraphEntity]:
+        return memory.entities(user_id)
+
+    @v1.get("/relations", tags=["graph"])
+    def relations(user_id: str) -> list[GraphRelation]:
+        return memory.relations(user_id)
+
+    @v1.get("/path", tags=["graph"])
+    def query_path(
+        user_id: str,
+        a: Annotated[str, Query(min_length=1, max_length=500, description="An entity.")],
+        b: Annotated[str, Query(min_length=1, max_length=500, description="Another entity.")],
+        max_depth: int = Query(3, ge=1, le=MAX_PATH_DEPTH),
+    ) -> list[str]:
+        """How two entities are related (readable edges such as ``a -bought-> b``); [] if not."""
+        return memory.query_path(user_id, a, b, max_depth=max_depth)
+
+    # -- chat
     @v1.post(
         "/chat",
         tags=["chat"],
         response_model=ChatReply,
         responses={200: {"content": {"text/event-stream": {}},
                          "description": "A ChatReply, or with stream: true server-sent events: "
-                         '`data: {"delta": "..."}` lines, then `data: [DONE]`.'}},
+                         '`data: {"delta": "..."}` lines, then `data: [DONE]`; a failure '
+                         "mid-stream ends with `event: error` and the error body."}},
     )
     def chat(user_id: str, body: ChatBody) -> Any:
         """Answer ``message`` with the user's memory, through the configured endpoint; the
-        exchange is stored as memories."""
+        exchange is stored as memories. 503 when no endpoint is configured."""
+        if not memory.settings.llm_configured:
+            return _error_response(503, "EndpointNotConfigured", NO_ENDPOINT)
         if not body.stream:
             return memory.chat(user_id, body.message, max_context_tokens=body.max_context_tokens)
         deltas = memory.chat_stream(user_id, body.message,
                                     max_context_tokens=body.max_context_tokens)
-        # Pull the first delta here, so that a bad request or a failing endpoint is answered with
-        # its status code instead of a 200 stream that breaks at once.
+        # Pull the first delta here: a failing endpoint gets its status, not a 200 that breaks.
         first = next(deltas, None)
         return StreamingResponse(
             _sse(first, deltas),
@@ -244,10 +355,20 @@ def create_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    # -- users
+    @v1.get("/stats", tags=["users"])
+    def stats(user_id: str) -> UserStats:
+        return memory.stats(user_id)
+
     @v1.get("/export", tags=["users"])
     def export(user_id: str) -> dict[str, Any]:
-        """Everything of the user as JSON that ``Memory.import_`` (``hybridmem import``) loads."""
+        """Everything of the user as JSON that ``POST .../import`` loads back."""
         return memory.export(user_id)
+
+    @v1.post("/import", status_code=201, tags=["users"])
+    def import_bundle(user_id: str, body: Annotated[dict[str, Any], Body()]) -> Imported:
+        """Load an export (``GET .../export``) into this user; ids and times are kept."""
+        return Imported(imported=memory.import_(user_id, body))
 
     @v1.delete("", tags=["users"])
     def delete_user(user_id: str) -> Deleted:
@@ -255,9 +376,9 @@ def create_app(
         return Deleted(deleted=memory.forget(user_id))
 
     app.include_router(v1)
-    # The last added runs first: log, then authenticate, then cap the body.
+    # The last added runs first: log, check the Host and the key, then cap the body.
     app.add_middleware(_BodyLimitMiddleware, max_body_bytes=max_body_bytes)
-    app.add_middleware(_AuthMiddleware, keys=keys, prefix=API_PREFIX)
+    app.add_middleware(_GateMiddleware, hosts=hosts, keys=keys, prefix=API_PREFIX)
     app.add_middleware(_LogMiddleware)
     return app
 
@@ -309,6 +430,8 @@ def _errors(app: FastAPI) -> None:
         # client sent (it could be memory text), so it is dropped.
         detail = [{k: v for k, v in e.items() if k not in {"input", "ctx", "url"}}
                   for e in details]
+        if any(e.get("loc", ())[-1:] == ("memories",) for e in details):
+            message += "; to add several memories, POST {\"memories\": [...]} to .../memories/batch"
         return JSONResponse(
             {**_error_body("RequestValidationError", message), "detail": detail},
             status_code=422,
@@ -357,8 +480,7 @@ class _LogMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return await self.app(scope, receive, send)
         started = time.perf_counter()
         status = 500
 
@@ -375,34 +497,56 @@ class _LogMiddleware:
                      (time.perf_counter() - started) * 1000)
 
 
-class _AuthMiddleware:
-    """``Authorization: Bearer <key>`` on every path under ``prefix``; keys compared in constant
-    time with :func:`hmac.compare_digest`, each of them, so timing tells nothing. No keys: open."""
+def _header(scope: Scope, name: bytes) -> bytes:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return b""
 
-    def __init__(self, app: ASGIApp, *, keys: Sequence[str], prefix: str) -> None:
-        self.app = app
+
+def _host_name(value: bytes) -> str:
+    """The name of a Host header value, lower-case, without port or IPv6 brackets."""
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class _GateMiddleware:
+    """Two checks before any body is read. The Host header must name an allowed host (``*``: any),
+    so a web page that DNS-rebinds its own name to 127.0.0.1 cannot reach a keyless loopback
+    service (421). Paths under ``prefix`` need ``Authorization: Bearer <key>`` when keys are
+    configured (401); keys are compared in constant time with :func:`hmac.compare_digest`, each of
+    them, so timing tells nothing."""
+
+    def __init__(self, app: ASGIApp, *, hosts: Sequence[str], keys: Sequence[str],
+                 prefix: str) -> None:
+        self.app, self.prefix = app, prefix
+        self.any_host = "*" in hosts
+        self.hosts = {h.strip().lower().strip("[]") for h in hosts}
         self.keys = [k.encode("utf-8") for k in keys]
-        self.prefix = prefix
 
-    def _accepted(self, scope: Scope) -> bool:
-        header = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                header = value
-                break
-        scheme, _, token = header.partition(b" ")
+    def _key_ok(self, scope: Scope) -> bool:
+        scheme, _, token = _header(scope, b"authorization").partition(b" ")
         token = token.strip()
-        if scheme.lower() != b"bearer" or not token:
-            return False
         ok = False
         for key in self.keys:
             ok |= hmac.compare_digest(token, key)
-        return ok
+        return ok and scheme.lower() == b"bearer" and bool(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = _host_name(_header(scope, b"host"))
+        if not self.any_host and host not in self.hosts:
+            await _send_error(send, 421, "HostNotAllowed",
+                              f"this service does not answer for host {host[:100]!r}; add it "
+                              "to HYBRIDMEM_SERVER_ALLOWED_HOSTS if it is yours")
+            return
+        path = str(scope.get("path", ""))
         guarded = path == self.prefix or path.startswith(self.prefix + "/")
-        if self.keys and guarded and not self._accepted(scope):
+        if self.keys and guarded and not self._key_ok(scope):
             await _send_error(send, 401, "AuthenticationError",
                               "missing or wrong API key: send 'Authorization: Bearer <key>'",
                               [(b"www-authenticate", b"Bearer")])
@@ -422,15 +566,10 @@ class _BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared < 0 or declared > self.max:
-                    await self._too_large(send)
-                    return
+        length = _header(scope, b"content-length")
+        if length and (not length.isdigit() or int(length) > self.max):
+            await self._too_large(send)
+            return
         chunks: list[bytes] = []
         size = 0
         while True:

@@ -6,6 +6,7 @@ Commands run in-process through Typer's runner (each opens a real Memory on a re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_export_import_forget(cli: CliRunner, tmp_path: Path) -> None:
     hits = json.loads(run(cli, "search", "bob", "where do I live?", "--json"))
     assert hits[0]["item"]["text"] == "I live in Lyon."
     assert "removed 1 memory" in run(cli, "forget", "alice", first)
-    assert "removed 1 memory" in run(cli, "forget", "alice")  # the one that was left
+    assert "removed 1 memory" in run(cli, "forget", "alice", "--yes")  # the one that was left
     assert json.loads(run(cli, "stats", "alice", "--json"))["memories"] == 0
 
 
@@ -116,16 +117,29 @@ def test_chat_through_the_configured_endpoint(
     assert sent.api_key == "sk-cli"
 
 
-def test_demo_json_runs_offline_on_the_shipped_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                    ) -> None:
-    monkeypatch.setenv("HYBRIDMEM_EMBEDDER", "hash")
-    result = CliRunner().invoke(app, ["demo", "--data", str(ROOT / "data"), "--json",
-                                      "--data-dir", str(tmp_path / "demo")])
+def test_chat_without_an_endpoint_names_the_setting(cli: CliRunner) -> None:
+    output = run(cli, "chat", "erin", "Which monitor?", code=1)
+    assert "no chat endpoint is configured: set HYBRIDMEM_BASE_URL" in output
+
+
+def test_demo_is_offline_whatever_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An endpoint, keys, a remote embedder and even a broken value: the demo reads none of them.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-would-be-sent")
+    monkeypatch.setenv("HYBRIDMEM_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("HYBRIDMEM_EMBEDDER", "openai")
+    monkeypatch.setenv("HYBRIDMEM_EXTRACTOR", "llm")
+    monkeypatch.setenv("HYBRIDMEM_CANDIDATES", "many")
+    monkeypatch.chdir(tmp_path)  # no data/ here: the sample comes from the package
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal width
+    result = CliRunner().invoke(app, ["demo", "--data-dir", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
-    answers = json.loads(result.output)
+    assert "(embedder all-MiniLM-L6-v2-int8, extractor rules)" in result.output
+    assert "extractor rules" in result.output
+    assert "offline: local embedder, rule extractor, no endpoint" in result.output
     queries = json.loads((ROOT / "data" / "demo_queries.json").read_text(encoding="utf-8"))
-    assert [a["query"] for a in answers] == [q["query"] for q in queries]
-    assert all(a["hits"] for a in answers)
+    assert all(q["query"] in result.output for q in queries)
 
 
 def test_help_is_a_real_process_that_loads_no_model() -> None:
@@ -137,3 +151,143 @@ def test_help_is_a_real_process_that_loads_no_model() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Usage" in done.stdout and done.stdout.strip().endswith("[]")
+
+
+# -- import -----------------------------------------------------------------------------------------
+def test_import_files_each_row_under_its_own_user(cli: CliRunner) -> None:
+    shipped = ROOT / "data" / "memories.jsonl"
+    rows = [json.loads(line) for line in shipped.read_text(encoding="utf-8").splitlines() if line]
+    output = run(cli, "import", str(shipped))  # no USER: every row names its own
+    users = sorted({r["user_id"] for r in rows})
+    assert f"into {len(users)} users" in output
+    with Memory(Settings()) as mem:
+        for user in users:
+            stored = {i.text for i in mem.list(user, limit=1000, include_superseded=True)}
+            mine = {r["text"] for r in rows if r["user_id"] == user}
+            assert stored <= mine and len(stored) >= len(mine) - 3, user  # a few merge as dups
+        assert mem.count("nobody") == 0
+
+
+def test_import_user_is_the_default_for_rows_without_one(cli: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"text": "I own a red kayak.", "user_id": "zoe"}\n'
+                    '{"text": "I play the marimba."}\n', encoding="utf-8")
+    assert "into 2 users (zoe, yann)" in run(cli, "import", "yann", str(path))
+    assert json.loads(run(cli, "stats", "zoe", "--json"))["memories"] == 1
+    assert json.loads(run(cli, "stats", "yann", "--json"))["memories"] == 1
+    output = run(cli, "import", str(path), code=2)  # line 2 names no user and there is no USER
+    assert "mixed.jsonl:2: no user_id" in output
+
+
+def test_import_takes_role_content_transcripts_as_turns(cli: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"role": "user", "content": "My printer jams on thick paper."}\n'
+                    '{"role": "assistant", "content": "Try the rear manual feed slot."}\n'
+                    '{"text": "Owns a Brother laser printer.", "category": "purchase"}\n',
+                    encoding="utf-8")
+    assert "imported 3 memories into ivy" in run(cli, "import", "ivy", str(path))
+    with Memory(Settings()) as mem:
+        turns = mem.list("ivy", where={"kind": "turn"})
+        facts = mem.list("ivy", where={"kind": "fact"})
+    assert [(t.source, t.text) for t in turns] == [
+        ("user", "My printer jams on thick paper."),
+        ("assistant", "Try the rear manual feed slot."),
+    ]
+    assert [f.category for f in facts] == ["purchase"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("list.jsonl", '{"text": "fine"}\n["not", "an", "object"]\n',
+         "list.jsonl:2: expected a JSON object, got list"),
+        ("number.jsonl", '{"text": "fine"}\n\n42\n', "number.jsonl:3: expected a JSON object"),
+        ("field.jsonl", '{"text": "fine"}\n{"text": "x", "colour": "red"}\n',
+         "field.jsonl:2: colour"),
+        ("turn.jsonl", '{"role": "robot", "content": "beep"}\n', "turn.jsonl:1: a turn is"),
+        ("wide.csv", "text,category\nfine,a\ntoo,many,values\n",
+         "wide.csv:3: 1 value(s) beyond the header's 2 columns"),
+        ("bad.csv", "text,importance\nfine,0.5\nnot fine,7\n", "bad.csv:3: importance"),
+    ],
+)
+def test_a_bad_row_stops_the_import_with_its_line_and_stores_nothing(
+    cli: CliRunner, tmp_path: Path, name: str, content: str, expected: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    output = run(cli, "import", "kim", str(path), code=2)
+    assert expected in output and "Traceback" not in output
+    assert json.loads(run(cli, "stats", "kim", "--json"))["memories"] == 0
+
+
+def test_extra_csv_columns_are_kept_as_metadata(cli: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "orders.csv"
+    path.write_text("user_id,text,category,order_id,channel\n"
+                    "lea,Bought a USB-C dock.,purchase,B-1001,web\n"
+                    "max,Bought a webcam.,purchase,B-1002,\n", encoding="utf-8")
+    assert "into 2 users" in run(cli, "import", str(path))
+    with Memory(Settings()) as mem:
+        (lea,) = mem.list("lea")
+        (max_,) = mem.list("max")
+    assert lea.metadata == {"order_id": "B-1001", "channel": "web"}
+    assert max_.metadata == {"order_id": "B-1002"}  # an empty cell is no value
+    assert lea.category == "purchase"
+
+
+# -- forget, settings, help, version ----------------------------------------------------------------
+def test_forget_a_user_needs_confirmation(cli: CliRunner, tmp_path: Path) -> None:
+    run(cli, "add", "nina", "I live in Oslo.")
+    output = run(cli, "forget", "nina", code=2)  # the runner's stdin is not a terminal
+    assert "refusing to erase all 1 memories of 'nina'" in output and "--yes" in output
+    assert json.loads(run(cli, "stats", "nina", "--json"))["memories"] == 1
+    # On a terminal the command asks: a real process on a pseudo-terminal, answered "n", then "y".
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for answer, kept in (("n", 1), ("y", 0)):
+        assert _on_a_terminal(["forget", "nina"], answer + "\n", env) == kept  # exit 1: not erased
+        assert json.loads(run(cli, "stats", "nina", "--json"))["memories"] == kept
+
+
+def _on_a_terminal(args: list[str], answer: str, env: dict[str, str]) -> int:
+    """Run the CLI with a pseudo-terminal as stdin, type ``answer``; return its exit code."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "hybridmem.cli", *args], stdin=follower,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        os.write(leader, answer.encode())
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert b"Erase all 1 memories of 'nina'?" in stderr, stderr
+    return proc.returncode
+
+
+def test_a_bad_setting_names_the_variable(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYBRIDMEM_GRAPH_WEIGHT", "-1")
+    monkeypatch.setenv("HYBRIDMEM_API_KEY", "sk-secret-value")
+    output = run(cli, "stats", "someone", code=2)
+    assert "invalid setting HYBRIDMEM_GRAPH_WEIGHT (graph_weight): Input should be greater" in output
+    assert "sk-secret-value" not in output and "validation error for" not in output
+
+
+def test_help_shows_no_markup_and_version_is_the_package_version(cli: CliRunner) -> None:
+    from hybridmem import __version__
+
+    assert run(cli, "--version").strip() == f"hybridmem {__version__}"
+    commands = ["demo", "add", "import", "search", "context", "chat", "forget", "export",
+                "stats", "serve"]
+    for args in [["--help"], *([c, "--help"] for c in commands)]:
+        text = run(cli, *args)
+        for markup in (":class:", ":meth:", ":func:", "``", "~hybridmem"):
+            assert markup not in text, (args, markup)
+    assert all(c in run(cli, "--help") for c in commands)
+
+
+def test_serve_without_the_server_extra_names_it(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if it were not installed
+    output = run(cli, "serve", code=1)
+    assert "pip install 'hybridmem[server]'" in output

@@ -1,4 +1,5 @@
-"""The demo runs offline: no socket is opened, nothing is downloaded, no telemetry is attempted."""
+"""The demo runs offline from any directory: no socket is opened, nothing is downloaded, no
+telemetry is attempted — even with an endpoint and keys in the environment, which it never reads."""
 
 from __future__ import annotations
 
@@ -20,16 +21,23 @@ def guard(event, args):
         raise RuntimeError(f"network attempted: {event} {args!r}")
 sys.addaudithook(guard)
 from hybridmem.cli import main
-sys.argv = ["hybridmem", "demo", "--json", "--data", sys.argv[1], "--data-dir", sys.argv[2]]
+sys.argv = ["hybridmem", "demo", "--json", "--data-dir", sys.argv[1]]
 main()
 """
 
 
-def test_demo_opens_no_socket(tmp_path: Path) -> None:
+def _env(tmp_path: Path) -> dict[str, str]:
+    """A bare environment with this checkout first on the path, and an endpoint with keys that
+    the demo must ignore (the port is closed: a connection attempt would fail loudly)."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+            "OPENAI_API_KEY": "sk-never-sent", "HYBRIDMEM_BASE_URL": "http://127.0.0.1:9/v1",
+            "HYBRIDMEM_API_KEY": "never-sent", "HYBRIDMEM_EMBEDDER": "openai"}
+
+
+def test_demo_opens_no_socket_from_any_directory(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", GUARD, str(ROOT / "data"), str(tmp_path / "store")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        [sys.executable, "-c", GUARD, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=300, cwd="/", env=_env(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "network attempted" not in proc.stderr
@@ -42,7 +50,7 @@ def test_demo_opens_no_socket(tmp_path: Path) -> None:
 LINGER = r"""
 import sys, time
 from hybridmem.cli import app
-app(["demo", "--json", "--data", sys.argv[1], "--data-dir", sys.argv[2]], standalone_mode=False)
+app(["demo", "--json", "--data-dir", sys.argv[1]], standalone_mode=False)
 time.sleep(15)
 """
 
@@ -53,9 +61,8 @@ def test_demo_attempts_no_connection_at_syscall_level(tmp_path: Path) -> None:
     log = tmp_path / "strace.log"
     proc = subprocess.run(
         ["strace", "-f", "-e", "trace=connect", "-o", str(log), sys.executable, "-c", LINGER,
-         str(ROOT / "data"), str(tmp_path / "store")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+         str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env(tmp_path),
     )
     if proc.returncode != 0 and "PTRACE" in proc.stderr.upper():
         pytest.skip("ptrace not permitted here")

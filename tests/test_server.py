@@ -164,7 +164,7 @@ def test_memory_lifecycle(client: httpx.Client, service: Service, unique_user: s
     assert item["created_at"].startswith("2024-05-01T10:00:00")
 
     many = client.post(
-        memories(unique_user),
+        f"{memories(unique_user)}/batch",
         params={"infer": "false"},
         json={"memories": [{"text": "Prefers 4K monitors"}, {"text": "Lives in Lyon",
                                                              "category": "profile"}]},
@@ -186,6 +186,11 @@ def test_memory_lifecycle(client: httpx.Client, service: Service, unique_user: s
     assert patched.json()["text"] == "Bought a ROG Strix laptop"
     assert patched.json()["importance"] == 0.9
     assert patched.json()["category"] == "purchase"  # untouched fields stay
+    assert patched.json()["metadata"] == {"order": 1234, "channel": "web"}
+    replaced = client.patch(url, json={"metadata": {"order": 1234}})  # metadata is replaced whole
+    assert replaced.json()["metadata"] == {"order": 1234}
+    assert client.patch(url, json={"metadata": {}}).json()["metadata"] == {}
+    assert client.get(url).json()["metadata"] == {}
 
     exported = client.get(f"/v1/users/{unique_user}/export").json()
     assert exported["user_id"] == unique_user
@@ -209,7 +214,7 @@ def test_identical_text_is_returned_not_stored_twice(
 
 
 def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
-    client.post(memories(unique_user), json={"memories": [
+    client.post(f"{memories(unique_user)}/batch", json={"memories": [
         {"text": "Bought a ROG Strix gaming laptop in March", "category": "purchase"},
         {"text": "Is allergic to peanuts", "category": "health"},
         {"text": "Wants a 4K monitor for photo editing", "category": "wish"},
@@ -243,9 +248,14 @@ def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
         ("post", "/memories", {"text": "x", "metadata": {"nested": {"a": 1}}}),
         ("post", "/memories", {"text": "x", "metadata": {"tags": ["a", "b"]}}),
         ("post", "/memories", {"text": "x", "colour": "red"}),
-        ("post", "/memories", {"memories": []}),
-        ("post", "/memories", {"memories": [{"text": "ok"}, {"text": ""}]}),
+        ("post", "/memories", {"memories": [{"text": "one shape: use /memories/batch"}]}),
+        ("post", "/memories/batch", {"memories": []}),
+        ("post", "/memories/batch", {"memories": [{"text": "ok"}, {"text": ""}]}),
+        ("post", "/memories/batch", {"text": "a single memory"}),
         ("post", "/memories", None),
+        ("post", "/messages", {"messages": [{"role": "robot", "content": "beep"}]}),
+        ("post", "/messages", {"messages": []}),
+        ("post", "/facts", {"key": "", "value": "x"}),
         ("post", "/search", {"query": "x", "limit": 0}),
         ("post", "/search", {"query": ""}),
         ("post", "/context", {"query": "x", "max_tokens": 0}),
@@ -265,7 +275,7 @@ def test_bad_bodies_are_422(
 
 
 def test_bad_query_parameters_are_422(client: httpx.Client, unique_user: str) -> None:
-    for params in ({"limit": 0}, {"limit": 1001}, {"offset": -1}):
+    for params in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"kind": "note"}):
         response = client.get(memories(unique_user), params=params)
         assert response.status_code == 422, params
 
@@ -326,7 +336,7 @@ def test_body_over_the_limit_is_413(
     fits = json.dumps({"memories": [{"text": "y" * 10_000 + str(i)} for i in range(9)]}).encode()
     assert len(fits) < BODY_LIMIT
     pieces = [fits[i : i + 4096] for i in range(0, len(fits), 4096)]
-    response = client.post(memories(unique_user), content=iter(pieces),
+    response = client.post(f"{memories(unique_user)}/batch", content=iter(pieces),
                            headers={"Content-Type": "application/json"})
     assert response.status_code == 201 and len(response.json()) == 9
 
@@ -336,25 +346,132 @@ def test_a_body_limit_must_be_positive(service: Service) -> None:
         create_app(service.memory, max_body_bytes=0)
 
 
-def test_openapi_lists_the_routes(service: Service) -> None:
+ROUTES = {
+    "/health": {"get": "health"},
+    "/v1/users/{user_id}/memories": {"get": "list_memories", "post": "add_memory"},
+    "/v1/users/{user_id}/memories/batch": {"post": "add_memories"},
+    "/v1/users/{user_id}/memories/{memory_id}": {
+        "get": "get_memory", "patch": "update_memory", "delete": "delete_memory"},
+    "/v1/users/{user_id}/messages": {"post": "add_messages"},
+    "/v1/users/{user_id}/history": {"get": "history"},
+    "/v1/users/{user_id}/facts": {"get": "facts", "post": "remember"},
+    "/v1/users/{user_id}/search": {"post": "search"},
+    "/v1/users/{user_id}/context": {"post": "context"},
+    "/v1/users/{user_id}/entities": {"get": "entities"},
+    "/v1/users/{user_id}/relations": {"get": "relations"},
+    "/v1/users/{user_id}/path": {"get": "query_path"},
+    "/v1/users/{user_id}/chat": {"post": "chat"},
+    "/v1/users/{user_id}/stats": {"get": "stats"},
+    "/v1/users/{user_id}/export": {"get": "export"},
+    "/v1/users/{user_id}/import": {"post": "import_bundle"},
+    "/v1/users/{user_id}": {"delete": "delete_user"},
+}
+
+
+def test_openapi_lists_every_route_with_its_operation_id_and_one_error_body(
+    service: Service,
+) -> None:
     spec = httpx.get(f"{service.url}/openapi.json").json()
     paths = spec["paths"]
-    expected = {
-        "/health": {"get"},
-        "/v1/users/{user_id}/memories": {"get", "post"},
-        "/v1/users/{user_id}/memories/{memory_id}": {"get", "patch", "delete"},
-        "/v1/users/{user_id}/search": {"post"},
-        "/v1/users/{user_id}/context": {"post"},
-        "/v1/users/{user_id}/chat": {"post"},
-        "/v1/users/{user_id}/export": {"get"},
-        "/v1/users/{user_id}": {"delete"},
-    }
-    assert {p: set(ops) for p, ops in paths.items()} == expected
+    assert {p: {m: op["operationId"] for m, op in ops.items()} for p, ops in paths.items()} == ROUTES
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
     assert paths["/v1/users/{user_id}/search"]["post"]["security"] == [{"HTTPBearer": []}]
     assert "security" not in paths["/health"]["get"]
-    for schema in ("MemoryItem", "Hit", "Context", "ChatReply", "SearchBody"):
-        assert schema in spec["components"]["schemas"]
+    schemas = spec["components"]["schemas"]
+    for schema in ("MemoryItem", "Hit", "Context", "ChatReply", "SearchBody", "HistoryEvent",
+                   "GraphEntity", "GraphRelation", "UserStats", "ErrorBody"):
+        assert schema in schemas
+    assert "HTTPValidationError" not in schemas  # FastAPI's default 422 body is not what we send
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            if path == "/health":
+                continue
+            for status in ("401", "404", "413", "421", "422", "503"):
+                body = op["responses"][status]["content"]["application/json"]["schema"]
+                assert body == error_ref, (path, method, status)
+    assert set(schemas["ErrorBody"]["properties"]) == {"error", "detail"}
+    created = paths["/v1/users/{user_id}/memories"]["post"]["responses"]["201"]
+    assert created["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/MemoryItem"}  # one shape: one memory in, one out
+
+
+def test_docs_pages_are_off_and_nothing_points_to_a_cdn(service: Service) -> None:
+    with service.client() as c:
+        for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            response = c.get(page)
+            assert response.status_code == 404
+            assert response.json()["error"]["type"] == "HTTPException"
+        assert "cdn" not in c.get("/openapi.json").text.lower()
+
+
+def test_conversations_history_and_facts(client: httpx.Client, unique_user: str) -> None:
+    base = f"/v1/users/{unique_user}"
+    turns = client.post(f"{base}/messages", json={"messages": [
+        {"role": "user", "content": "My cat Miso knocked my monitor off the desk."},
+        {"role": "assistant", "content": "A monitor arm would keep it out of reach."},
+    ]})
+    assert turns.status_code == 201
+    assert [(t["kind"], t["source"]) for t in turns.json()] == [("turn", "user"),
+                                                                ("turn", "assistant")]
+    fact = client.post(memories(unique_user), json={"text": "Lives in Lyon"}).json()
+    only_turns = client.get(memories(unique_user), params={"kind": "turn"}).json()
+    assert [m["kind"] for m in only_turns] == ["turn", "turn"]
+    assert [m["id"] for m in client.get(memories(unique_user),
+                                        params={"kind": "fact"}).json()] == [fact["id"]]
+
+    first = client.post(f"{base}/facts", json={"key": "city", "value": "Lyon"})
+    second = client.post(f"{base}/facts", json={"key": "city", "value": "Paris",
+                                               "category": "profile"})
+    assert first.status_code == second.status_code == 200
+    assert second.json()["key"] == "city" and "Paris" in second.json()["text"]
+    current = client.get(f"{base}/facts").json()
+    assert [(f["key"], f["text"]) for f in current] == [("city", second.json()["text"])]
+    assert client.get(f"{base}/facts", params={"category": "health"}).json() == []
+
+    events = client.get(f"{base}/history").json()
+    assert {"add", "supersede"} <= {e["action"] for e in events}
+    mine = client.get(f"{base}/history", params={"memory_id": fact["id"]}).json()
+    assert [e["action"] for e in mine] == ["add"] and mine[0]["memory_id"] == fact["id"]
+
+
+def test_graph_stats_and_import(client: httpx.Client, service: Service, unique_user: str) -> None:
+    base = f"/v1/users/{unique_user}"
+    client.post(f"{memories(unique_user)}/batch", json={"memories": [
+        {"text": "I bought the ROG Strix laptop."},
+        {"text": "The Dell 4K monitor complements the ROG Strix laptop."},
+    ]})
+    entities = client.get(f"{base}/entities").json()
+    relations = client.get(f"{base}/relations").json()
+    assert entities == [e.model_dump(mode="json") for e in service.memory.entities(unique_user)]
+    assert relations == [r.model_dump(mode="json") for r in service.memory.relations(unique_user)]
+    assert any(r["predicate"] == "complements" for r in relations)
+    path = client.get(f"{base}/path", params={"a": unique_user, "b": "Dell 4K monitor"})
+    assert path.status_code == 200
+    assert path.json() == service.memory.query_path(unique_user, unique_user, "Dell 4K monitor")
+    assert any("-complements->" in edge for edge in path.json())
+    assert client.get(f"{base}/path", params={"a": "x", "b": "y", "max_depth": 9}
+                      ).status_code == 422  # the work cap
+    stats = client.get(f"{base}/stats").json()
+    assert stats == service.memory.stats(unique_user).model_dump(mode="json")
+    assert stats["memories"] == 2 and stats["relations"] >= 2
+
+    bundle = client.get(f"{base}/export").json()
+    copy = f"{unique_user}-copy"
+    imported = client.post(f"/v1/users/{copy}/import", json=bundle)
+    assert imported.status_code == 201 and imported.json() == {"imported": 2}
+    refused = client.post(f"/v1/users/{copy}-2/import", json={"format": "not-an-export"})
+    assert refused.status_code == 422 and refused.json()["error"]["type"] == "InvalidInputError"
+    assert sorted(m["text"] for m in client.get(memories(copy)).json()) == sorted(
+        m["text"] for m in bundle["memories"])
+
+
+def test_one_memory_posted_as_a_batch_is_told_where_batches_go(
+    client: httpx.Client, unique_user: str
+) -> None:
+    response = client.post(memories(unique_user), json={"memories": [{"text": "x"}]})
+    assert response.status_code == 422
+    assert "/memories/batch" in response.json()["error"]["message"]
 
 
 THINGS = (
@@ -495,7 +612,9 @@ class _BreaksMidStream:
 def test_a_stream_that_breaks_ends_with_an_error_event(
     embedder: LocalEmbedder, tmp_path: Path, unique_user: str
 ) -> None:
-    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    # An endpoint is configured (the chat model given stands in for it; nothing listens there).
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules",
+                        base_url="http://127.0.0.1:9/v1")
     with Memory(settings, embedder=embedder, chat_model=_BreaksMidStream()) as memory:
         with serve(create_app(memory, api_keys=[])) as url, httpx.Client(base_url=url) as c:
             with c.stream("POST", f"/v1/users/{unique_user}/chat",
@@ -520,3 +639,87 @@ def test_serve_refuses_a_public_host_without_a_key(tmp_path: Path) -> None:
     assert len(lines) == 1
     assert "refusing" in lines[0] and "HYBRIDMEM_SERVER_API_KEY" in lines[0]
     assert not (tmp_path / "hm").exists()  # refused before touching any store
+
+
+# -- the Host allow-list (DNS rebinding) -------------------------------------------------------------
+def test_a_foreign_host_is_refused_by_default(
+    embedder: LocalEmbedder, tmp_path: Path, unique_user: str
+) -> None:
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    with Memory(settings, embedder=embedder) as memory:
+        with serve(create_app(memory, api_keys=[])) as url, httpx.Client(base_url=url) as c:
+            port = url.rsplit(":", 1)[1]
+            for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example",
+                         "localhost.", ""):
+                for response in (c.get("/health", headers={"Host": host}),
+                                 c.post(memories(unique_user), json={"text": "planted"},
+                                        headers={"Host": host}),
+                                 c.get("/openapi.json", headers={"Host": host})):
+                    assert response.status_code == 421, host
+                    assert response.json()["error"]["type"] == "HostNotAllowed"
+            assert memory.count(unique_user) == 0
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}"):
+                assert c.get("/health", headers={"Host": host}).status_code == 200, host
+
+
+def test_allowed_hosts_come_from_settings_or_the_factory(
+    embedder: LocalEmbedder, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules",
+                        server_allowed_hosts="memory.example.com, 127.0.0.1")
+    with Memory(settings, embedder=embedder) as memory:
+        with serve(create_app(memory, api_keys=[])) as url, httpx.Client(base_url=url) as c:
+            assert c.get("/health", headers={"Host": "memory.example.com"}).status_code == 200
+            assert c.get("/health").status_code == 200  # 127.0.0.1:<port>
+            assert c.get("/health", headers={"Host": "localhost"}).status_code == 421
+        with serve(create_app(memory, api_keys=[], allowed_hosts=["*"])) as url:
+            assert httpx.get(f"{url}/health", headers={"Host": "any.example"}).status_code == 200
+        with pytest.raises(ConfigError, match="allowed_hosts"):
+            create_app(memory, allowed_hosts=[])
+
+
+def test_chat_without_an_endpoint_is_503_naming_the_setting(
+    embedder: LocalEmbedder, tmp_path: Path, unique_user: str
+) -> None:
+    with Memory(Settings(data_dir=tmp_path / "hm", extractor="rules"), embedder=embedder) as mem:
+        with serve(create_app(mem, api_keys=[])) as url, httpx.Client(base_url=url) as c:
+            for stream in (False, True):
+                response = c.post(f"/v1/users/{unique_user}/chat",
+                                  json={"message": "hello", "stream": stream})
+                assert response.status_code == 503
+                assert response.json()["error"]["type"] == "EndpointNotConfigured"
+                assert "HYBRIDMEM_BASE_URL" in response.json()["error"]["message"]
+        assert mem.count(unique_user) == 0
+
+
+def test_hybridmem_serve_answers_loopback_hosts_only(tmp_path: Path) -> None:
+    """The real command, as a user runs it: a process bound to 127.0.0.1, keyless, loopback Hosts."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "OPENAI_"))}
+    env["HYBRIDMEM_EMBEDDER"] = "hash"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hybridmem.cli", "serve", "--port", str(port),
+         "--data-dir", str(tmp_path / "hm"), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                health = httpx.get(f"{url}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.2)
+        assert health.json()["version"] == __version__
+        added = httpx.post(f"{url}/v1/users/u1/memories", json={"text": "I live in Lyon."})
+        assert added.status_code == 201
+        rebound = httpx.get(f"{url}/v1/users/u1/memories", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 421 and "Lyon" not in rebound.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

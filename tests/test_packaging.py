@@ -1,0 +1,92 @@
+"""What a fresh install gets: the demo data inside the wheel, the extras, one version.
+
+The wheel test builds a real wheel from a copy of this checkout (no network: the build runs in
+this environment), installs it alone into a folder and runs its demo from ``/``, so nothing of the
+checkout can stand in for what the wheel lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import hybridmem
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+; on 3.10 these checks are skipped
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+DEMO_FILES = ("memories.jsonl", "demo_queries.json", "products.json")
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+@pytest.mark.parametrize("name", DEMO_FILES)
+def test_packaged_demo_data_is_data_byte_for_byte(name: str) -> None:
+    """data/ is the readable source; hybridmem/demo_data/ is what the wheel ships."""
+    assert (ROOT / "hybridmem" / "demo_data" / name).read_bytes() == (
+        ROOT / "data" / name).read_bytes(), f"copy data/{name} to hybridmem/demo_data/"
+
+
+def test_extras_and_core_dependencies() -> None:
+    core = _names(PYPROJECT["dependencies"])
+    extras = {k: _names(v) for k, v in PYPROJECT["optional-dependencies"].items()}
+    assert not core & {"fastapi", "uvicorn", "httpx", "matplotlib"}
+    assert extras["server"] == {"fastapi", "uvicorn"}
+    assert extras["notebooks"] >= {"matplotlib", "ipykernel", "nbclient", "nbformat"}
+    assert extras["all"] == extras["server"] | extras["notebooks"]
+    # The README's test command installs [dev] only: it must hold every extra the tests use.
+    assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "hypothesis", "mypy"}
+
+
+def test_one_version_source() -> None:
+    assert "version" not in PYPROJECT and "version" in PYPROJECT["dynamic"]
+    spots = [p for p in (ROOT / "hybridmem").glob("*.py")
+             if re.search(r"^__version__ = ", p.read_text(encoding="utf-8"), flags=re.M)]
+    assert [p.name for p in spots] == ["__init__.py"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", hybridmem.__version__)
+    assert PYPROJECT["urls"] and PYPROJECT["classifiers"]
+
+
+def test_the_wheel_ships_the_demo_and_runs_it_from_any_directory(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "tests", "bench", "notebooks"))
+    dist, target = tmp_path / "dist", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
+                    str(source)], check=True, timeout=300, capture_output=True)
+    (wheel,) = dist.glob("hybridmem-*.whl")
+    assert f"-{hybridmem.__version__}-" in wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(meta).decode()
+    assert {f"hybridmem/demo_data/{n}" for n in DEMO_FILES} <= names
+    assert "hybridmem/py.typed" in names
+    assert "Provides-Extra: server" in metadata and "Requires-Dist: fastapi" in metadata
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, timeout=300, capture_output=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "PYTHONPATH": str(target)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import hybridmem; print(hybridmem.__file__)"],
+        capture_output=True, text=True, timeout=60, cwd="/", env=env, check=True)
+    assert where.stdout.startswith(str(target))  # the installed wheel, not this checkout
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridmem.cli", "demo", "--json", "--data-dir",
+         str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=300, cwd="/", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout)
+    queries = json.loads((ROOT / "data" / "demo_queries.json").read_text(encoding="utf-8"))
+    assert [a["query"] for a in answers] == [q["query"] for q in queries]
+    assert all(a["hits"] for a in answers)
