@@ -195,9 +195,9 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
         return CallToolResult(is_error=True, content=[
             TextContent(type="text", text=f"{type(exc).__name__}: {exc}")])
 
-    for fn, annotations in tools:
+    for fn, hints in tools:
         server.add_tool(_tool(fn, fixed, refusal), name=fn.__name__,
-                        description=inspect.getdoc(fn), annotations=annotations)
+                        description=inspect.getdoc(fn), annotations=hints)
     return server
 
 

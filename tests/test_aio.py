@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
+from openai_wire import OpenAIWireServer, Reply
 
 from hybridmem import (
     AsyncMemory,
@@ -23,13 +25,10 @@ from hybridmem import (
     Settings,
 )
 from hybridmem.offline import HashEmbedder
-from openai_wire import OpenAIWireServer, Reply
 
 pytestmark = pytest.mark.anyio
 
-WORDS = ("amber basil cedar delta ember fjord garnet harbor indigo juniper kestrel lagoon meadow "
-         "nectar orchid pepper quartz raven saffron tundra umber violet willow yarrow zephyr "
-         "anchor bramble copper dune elm falcon glacier hazel iris jasper kelp lilac maple").split()
+WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "pepper", "quartz", "raven", "saffron", "tundra", "umber", "violet", "willow", "yarrow", "zephyr", "anchor", "bramble", "copper", "dune", "elm", "falcon", "glacier", "hazel", "iris", "jasper", "kelp", "lilac", "maple"]
 
 
 @pytest.fixture
@@ -172,7 +171,7 @@ async def test_many_concurrent_tasks_on_one_user_and_others(tmp_path: Path) -> N
         async def search(user: str) -> None:
             for _ in range(5):
                 found.append(len(await amem.search(user, "note meadow", limit=5)))
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
 
         async with anyio.create_task_group() as tg:
             for user, text in plan:
@@ -237,6 +236,18 @@ async def test_aclose_waits_for_calls_in_flight_then_refuses(tmp_path: Path) -> 
         amem.memory.count("u")  # it owned the Memory, so it closed it
     await amem.aclose()
     amem.close()  # idempotent, both ways
+
+
+async def test_a_cancelled_write_still_lands_whole(tmp_path: Path) -> None:
+    """A timeout does not abandon the thread: the write finishes whole before the awaiting task
+    moves on (the cancellation is delivered at its next checkpoint)."""
+    embedder = CountingEmbedder(delay=0.3)
+    async with AsyncMemory(Settings(data_dir=tmp_path / "hm"), embedder=embedder) as amem:
+        with anyio.move_on_after(0.05) as scope:
+            await amem.add("u", "written despite the timeout", infer=False)
+        assert scope.cancel_called
+        embedder.delay = 0
+        assert [i.text for i in await amem.list("u")] == ["written despite the timeout"]
 
 
 async def test_from_memory_leaves_the_memory_open(settings: Settings) -> None:

@@ -19,13 +19,13 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.types import CallToolResult, TextContent  # noqa: E402
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
 
-from hybridmem import Memory, Settings  # noqa: E402
-from hybridmem.mcp import main  # noqa: E402
+from hybridmem import Memory, Settings
+from hybridmem.mcp import main
 
 pytestmark = pytest.mark.anyio
 
@@ -48,11 +48,11 @@ def server_env(data_dir: Path) -> dict[str, str]:
 async def stdio_session(data_dir: Path, *args: str) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=sys.executable, args=["-m", "hybridmem.mcp", *args],
                                    env=server_env(data_dir), cwd=str(data_dir.parent))
-    with open(data_dir.parent / "server.log", "a", encoding="utf-8") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield session
+    with (data_dir.parent / "server.log").open("a", encoding="utf-8") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
 
 
 def text_of(result: CallToolResult) -> str:
@@ -168,10 +168,10 @@ def http_server(tmp_path: Path) -> Callable[[], str]:
         port = _free_port()
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMEM_")},
                **server_env(tmp_path / "hm")}
-        log = open(tmp_path / "http.log", "ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hybridmem.mcp", "--transport", "http", "--port", str(port)],
-            env=env, stdout=log, stderr=log, cwd=str(tmp_path))
+        with (tmp_path / "http.log").open("ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hybridmem.mcp", "--transport", "http", "--port", str(port)],
+                env=env, stdout=log, stderr=log, cwd=str(tmp_path))
         procs.append(proc)
         deadline = time.monotonic() + 60
         while True:
@@ -191,15 +191,14 @@ def http_server(tmp_path: Path) -> Callable[[], str]:
 
 async def test_streamable_http(http_server: Callable[[], str]) -> None:
     url = http_server()
-    async with streamable_http_client(url) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            assert {t.name for t in (await session.list_tools()).tools} == TOOLS
-            item = await call(session, "add_memory", user_id="bob", text="Bob owns a red kayak")
-            hits = (await call(session, "search_memories", user_id="bob", query="kayak"))["hits"]
-            assert hits[0]["item"]["id"] == item["id"]
-            assert (await error(session, "list_facts", user_id="a/b")).startswith(
-                "InvalidUserIdError:")
+    async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+        item = await call(session, "add_memory", user_id="bob", text="Bob owns a red kayak")
+        hits = (await call(session, "search_memories", user_id="bob", query="kayak"))["hits"]
+        assert hits[0]["item"]["id"] == item["id"]
+        assert (await error(session, "list_facts", user_id="a/b")).startswith(
+            "InvalidUserIdError:")
 
 
 def test_main_refuses_bad_arguments_and_settings(
@@ -217,6 +216,7 @@ def test_main_refuses_bad_arguments_and_settings(
 
 
 def test_version_runs_as_a_module() -> None:
-    out = subprocess.run([sys.executable, "-m", "hybridmem.mcp", "--version"], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "hybridmem.mcp", "--version"], check=False,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0 and out.stdout.startswith("hybridmem ")
