@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field, ValidationError
 from hybridmem import AsyncMemory, HybridMemError, Settings, __version__
 from hybridmem.errors import ConfigError, InvalidInputError
 from hybridmem.models import (
+    MAX_LIMIT,
     Context,
     Hit,
     MemoryItem,
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 #: Port of the streamable HTTP transport (path ``/mcp``) unless ``--port`` says otherwise.
 DEFAULT_PORT = 8765
 HOST = "127.0.0.1"
-Transport = Literal["stdio", "http"]
 INSTRUCTIONS = (
     "Long-term memory of the users you talk to. Search it (search_memories) or build a context "
     "(build_context) before answering; store what the user tells you that will matter later "
@@ -108,7 +108,7 @@ Metadata = Annotated[dict[str, MetadataValue] | None,
                      Field(description="Optional flat key/value metadata.")]
 Messages = Annotated[list[Message], Field(description="Turns in order, oldest first.")]
 Query = Annotated[str, Field(description="What you are looking for, in plain words.")]
-Limit = Annotated[int, Field(description="How many results at most (1 to 100).")]
+Limit = Annotated[int, Field(description=f"How many results at most (1 to {MAX_LIMIT}).")]
 CategoryFilter = Annotated[str | None, Field(description="Only this category.")]
 MaxTokens = Annotated[int | None,
                       Field(description="Token budget of the context; the server default if null.")]
@@ -231,11 +231,13 @@ def run(
     settings: Settings | None = None,
     *,
     user_id: str | None = None,
-    transport: Transport = "stdio",
+    transport: str = "stdio",
     port: int = DEFAULT_PORT,
 ) -> None:
-    """Serve until the client goes away (stdio: stdin closes) or Ctrl-C (HTTP), then close the
-    memory. ``settings`` default to the ``HYBRIDMEM_*`` environment."""
+    """Serve until the client goes away (stdio: stdin closes) or Ctrl-C/SIGTERM, then close the
+    memory. ``transport`` is ``"stdio"`` or ``"http"`` (streamable HTTP on 127.0.0.1:``port``,
+    path ``/mcp``); ``settings`` default to the ``HYBRIDMEM_*`` environment. Raises
+    :class:`InvalidInputError` for a bad transport, port or user id before opening anything."""
     if transport not in ("stdio", "http"):
         raise InvalidInputError(f"transport must be stdio or http, not {transport!r}")
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:

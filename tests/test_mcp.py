@@ -25,7 +25,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
 from hybridmem import Memory, Settings
-from hybridmem.mcp import main
+from hybridmem.errors import InvalidInputError, InvalidUserIdError
+from hybridmem.mcp import main, run
 
 pytestmark = pytest.mark.anyio
 
@@ -213,6 +214,14 @@ def test_main_refuses_bad_arguments_and_settings(
     assert "invalid setting" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--transport", "carrier-pigeon"])
+    # run() refuses before opening anything
+    with pytest.raises(InvalidInputError, match="transport"):
+        run(transport="carrier-pigeon")
+    with pytest.raises(InvalidInputError, match="port"):
+        run(transport="http", port=0)
+    with pytest.raises(InvalidUserIdError):
+        run(user_id="a/b")
+    assert not (tmp_path / "hm").exists()
 
 
 def test_version_runs_as_a_module() -> None:
