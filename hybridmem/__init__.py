@@ -1,8 +1,9 @@
 """hybridmem: long-term memory for LLM applications — vectors, an entity graph, fused ranking and
 token-bounded context, offline by default, any OpenAI-compatible endpoint when configured.
 
-:class:`Memory` is imported on first use (PEP 562), so ``import hybridmem`` — and importing one
-store module, as the CLI's ``--help`` does — never pulls in Chroma or the embedding runtime.
+:class:`Memory` and :class:`AsyncMemory` are imported on first use (PEP 562), so ``import hybridmem``
+— and importing one store module, as the CLI's ``--help`` does — never pulls in Chroma or the
+embedding runtime.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -43,11 +44,13 @@ from hybridmem.models import (
 )
 
 if TYPE_CHECKING:
+    from hybridmem.aio import AsyncMemory
     from hybridmem.memory import Memory
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "AsyncMemory",
     "BackendAuthError",
     "BackendError",
     "BackendRateLimitError",
@@ -88,4 +91,8 @@ def __getattr__(name: str) -> Any:
         from hybridmem.memory import Memory
 
         return Memory
+    if name == "AsyncMemory":
+        from hybridmem.aio import AsyncMemory
+
+        return AsyncMemory
     raise AttributeError(f"module 'hybridmem' has no attribute {name!r}")
