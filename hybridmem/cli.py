@@ -516,6 +516,35 @@ def serve(
                     log_level=log_level.lower(), access_log=False)
 
 
+MCP_EXTRA = "pip install 'hybridmem[mcp]'"
+
+
+@app.command(name="mcp")
+def mcp_command(
+    user: Optional[str] = typer.Option(
+        None, "--user", metavar="ID",
+        help="Serve one user only: the tools then have no user_id parameter."),
+    transport: str = typer.Option(
+        "stdio", "--transport", help="stdio (the default) or http (streamable HTTP on 127.0.0.1)."),
+    port: int = typer.Option(8765, "--port", min=1, max=65535, help="Port of the http transport."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Serve memory tools to MCP clients (agents, IDEs, desktop apps) over stdio or HTTP (needs
+    the mcp extra)."""
+    if transport not in {"stdio", "http"}:
+        raise _fail("--transport: use stdio or http", code=2)
+    settings = _settings(data_dir=data_dir)
+    try:
+        from hybridmem.mcp import run
+    except ImportError:
+        raise _fail(f"hybridmem mcp needs the mcp extra: {MCP_EXTRA}") from None
+    try:
+        run(settings, user_id=user, transport=transport, port=port)
+    except HybridMemError as exc:
+        raise _fail(f"{type(exc).__name__}: {exc}",
+                    code=2 if isinstance(exc, ValueError) else 1) from None
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
