@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, Phase, given, settings as hsettings
 from hypothesis import strategies as st
 
 from hybridmem import Memory, Settings
@@ -170,7 +170,7 @@ def _token(step: int) -> str:
     return f"Zq{step:03d}w7"
 
 
-@hsettings(max_examples=25, deadline=None, derandomize=True,
+@hsettings(max_examples=25, deadline=None, derandomize=True, phases=[Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(erasure_ops)
 def test_what_the_api_no_longer_shows_is_in_no_file(
