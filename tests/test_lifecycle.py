@@ -298,10 +298,19 @@ def test_export_import_roundtrip_property(tmp_path_factory: pytest.TempPathFacto
             elif ids and op == "update":
                 mem.update("u", ids[arg % len(ids)], importance=0.9)
         bundle = json.loads(json.dumps(mem.export("u")))
+        found = {q: [(h.item.id, round(h.score, 9)) for h in mem.search("u", q)] for q in QUERIES}
     with Memory(Settings(data_dir=root / "b"), embedder=emb) as other:
         other.import_("u", bundle)
         again = json.loads(json.dumps(other.export("u")))
+        # the imported user is searchable (vectors, lexical index and graph rebuilt), and alike
+        assert {q: [(h.item.id, round(h.score, 9)) for h in other.search("u", q)]
+                for q in QUERIES} == found
+        for item in other.list("u"):
+            assert item.id in [h.item.id for h in other.search("u", item.text, limit=20)]
     assert _comparable(again) == _comparable(bundle)
+
+
+QUERIES = ["where do I live?", "Paris", "what do I drink?", "work", "order late", "dog"]
 
 
 def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embedder) -> None:
