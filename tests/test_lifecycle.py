@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -181,6 +182,7 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
     data_dir = tmp_path_factory.mktemp("erasure") / "hm"
     tokens: list[str] = []
     dropped: set[str] = set()
+    erased: list[tuple[str, str, list[str]]] = []  # (user, memory id, tokens of the erased text)
     with Memory(Settings(data_dir=data_dir), embedder=HashEmbedder(64)) as mem:
         for n, user in enumerate(ERASURE_USERS[:2]):  # a first memory each
             mem.add(user, f"Background note {_token(900 + n)} about shipping.")
@@ -198,11 +200,19 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
             elif items and op == "repeat":
                 mem.add(user, items[arg % len(items)].text + f" Really, {token}!")
                 tokens.append(token)
-            elif items and op == "forget":
-                mem.forget(user, items[arg % len(items)].id)
-            elif items and op == "update":
-                mem.update(user, items[arg % len(items)].id, text=TEMPLATES[arg % 5].format(t=token))
-                tokens.append(token)
+            elif items and op in ("forget", "update"):
+                item = items[arg % len(items)]
+                erased.append((user, item.id, re.findall(r"zq\d{3}w7", item.text.lower())))
+                if op == "forget":
+                    mem.forget(user, item.id)
+                else:
+                    mem.update(user, item.id, text=TEMPLATES[arg % 5].format(t=token))
+                    tokens.append(token)
+        # the API itself no longer shows an erased text, not even in the memory's history
+        for user, memory_id, old in erased:
+            if user not in dropped:
+                shown = json.dumps([e.model_dump(mode="json") for e in mem.history(user, memory_id)])
+                assert not [t for t in old if t in shown.lower()], (sequence, memory_id, old)
         visible = json.dumps([mem.export(u) for u in ERASURE_USERS if u not in dropped]).lower()
     gone = [t for t in tokens if t.lower() not in visible]
     from hybridmem._files import user_key
