@@ -133,7 +133,9 @@ def test_forget_user_leaves_no_bytes_on_disk(tmp_path: Path, embedder: LocalEmbe
         mem.add("bystander", "I live in Oslo and like skiing.")
         assert _scan(data_dir, [b"QUOKKA"])  # the texts really were on disk
         mem.forget("victim")
-    assert _scan(data_dir, [b"QUOKKA", b"ZANZIBAR"]) == []
+    from hybridmem._files import user_key
+
+    assert _scan(data_dir, [b"QUOKKA", b"ZANZIBAR", b"victim", user_key("victim").encode()]) == []
     with Memory(Settings(data_dir=data_dir), embedder=embedder) as mem:
         assert mem.count("victim") == 0 and mem.count("bystander") == 1
         assert mem.search("bystander", "Oslo")[0].item.text.startswith("I live in Oslo")
