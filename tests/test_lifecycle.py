@@ -339,3 +339,34 @@ def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embe
         assert judged and "OLD: My favourite coffee shop" in judged[-1].text
         assert judged[-1].body["response_format"]["type"] in ("json_schema", "json_object")
         assert mem.usage.total_tokens > 0
+
+
+TCACHE_PROBE = r"""
+import ctypes
+from hybridmem import _chroma
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+assert _chroma.scrub_freed_heap()
+p = libc.malloc(100); ctypes.memset(p, ord("S"), 100); libc.free(p)
+q = libc.malloc(100); data = ctypes.string_at(q, 100); libc.free(q)
+print(data.count(b"S") > 0)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+def test_heap_scrubbing_misses_small_chunks_unless_tcache_is_off(tmp_path: Path) -> None:
+    """A known limit, pinned both ways: glibc's per-thread cache (chunks up to ~1 KB, the size of
+    most memory texts) bypasses ``M_PERTURB``, so a freed short text survives in the heap unless
+    the process starts with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the remedy the README
+    gives). If this starts failing, the scrub got stronger or the remedy stopped working."""
+    survives = {}
+    for tunables in ("", "glibc.malloc.tcache_count=0"):
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        if tunables:
+            env["GLIBC_TUNABLES"] = tunables
+        proc = subprocess.run([sys.executable, "-c", TCACHE_PROBE], capture_output=True,
+                              text=True, timeout=60, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        survives[tunables] = proc.stdout.strip()
+    assert survives == {"": "True", "glibc.malloc.tcache_count=0": "False"}
