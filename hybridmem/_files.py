@@ -58,6 +58,10 @@ def user_lock(data_dir: Path, user_id: str) -> FileLock:
         locks.mkdir(parents=True, exist_ok=True)
         for n in range(LOCK_STRIPES):
             (locks / f"stripe-{n:02d}.lock").touch(exist_ok=True)
+        # earlier versions named a lock file after each user, forgotten ones included: drop them
+        # (stop processes of the old version before upgrading a data directory)
+        for legacy in locks.glob("u-*.lock"):
+            legacy.unlink(missing_ok=True)
     return FileLock(str(path), thread_local=False)
 
 

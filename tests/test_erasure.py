@@ -39,6 +39,15 @@ def test_lock_files_are_fixed_stripes_named_after_no_user(tmp_path: Path) -> Non
     assert len(set(paths.values())) > 1  # users are spread over the stripes
 
 
+def test_lock_files_named_after_users_by_an_older_version_are_removed(tmp_path: Path) -> None:
+    legacy = tmp_path / "locks" / f"{user_key('gone-user')}.lock"
+    legacy.parent.mkdir(parents=True)
+    legacy.touch()
+    user_lock(tmp_path, "someone")
+    assert not legacy.exists()
+    assert len(list((tmp_path / "locks").iterdir())) == LOCK_STRIPES
+
+
 def test_update_of_a_text_scrubs_the_old_text_from_history_and_disk(tmp_path: Path) -> None:
     with Memory(Settings(data_dir=tmp_path / "hm"), embedder=HashEmbedder(64)) as mem:
         item = mem.add("u", "My door code is Qd4471x9.")
