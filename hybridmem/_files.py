@@ -1,7 +1,9 @@
 """Safe files: per-user directories derived from a hash, atomic writes, per-user file locks.
 
 A user id never becomes a path raw: the directory name is a hash of it, and the resolved path is
-checked to stay inside ``data_dir`` anyway.
+checked to stay inside ``data_dir`` anyway. Only the user's own folder is named after (a hash of)
+the user, and forgetting the user removes it: lock files are a fixed set of stripes shared by all
+users (:func:`user_lock`), so no file name outlives a forgotten user.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from filelock import FileLock
 from hybridmem.errors import InvalidUserIdError, StorageError
 from hybridmem.models import validate_user_id
 
-__all__ = ["atomic_write_bytes", "remove_tree", "user_key", "user_dir", "user_lock"]
+__all__ = ["LOCK_STRIPES", "atomic_write_bytes", "remove_tree", "user_key", "user_dir", "user_lock"]
+
+#: How many lock files a data directory has; users share them by the hash of their id.
+LOCK_STRIPES = 64
 
 
 def user_key(user_id: str) -> str:
@@ -38,10 +43,26 @@ def user_dir(data_dir: Path, user_id: str, *, create: bool = True) -> Path:
 
 
 def user_lock(data_dir: Path, user_id: str) -> FileLock:
-    """A cross-process lock for ``user_id``'s files (the lock file sits beside them)."""
+    """A cross-process lock for ``user_id``'s files.
+
+    One of :data:`LOCK_STRIPES` lock files (``locks/stripe-NN.lock``), chosen by the hash of the
+    user id, and all of them are created together: which files exist says nothing about which
+    users exist or existed (a file per user would outlive the user's erasure, since a lock file
+    cannot be deleted safely while another process may wait on it). Two users sharing a stripe
+    only wait for each other; never hold two users' locks at once.
+    """
     locks = data_dir / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(locks / f"{user_key(user_id)}.lock"), thread_local=False)
+    stripe = int(user_key(user_id)[2:], 16) % LOCK_STRIPES
+    path = locks / f"stripe-{stripe:02d}.lock"
+    if not path.exists():
+        locks.mkdir(parents=True, exist_ok=True)
+        for n in range(LOCK_STRIPES):
+            (locks / f"stripe-{n:02d}.lock").touch(exist_ok=True)
+        # earlier versions named a lock file after each user, forgotten ones included: drop them
+        # (stop processes of the old version before upgrading a data directory)
+        for legacy in locks.glob("u-*.lock"):
+            legacy.unlink(missing_ok=True)
+    return FileLock(str(path), thread_local=False)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

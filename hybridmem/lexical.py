@@ -8,6 +8,12 @@ rare words up and common ones down.
 Documents are indexed in their :func:`hybridmem.text.normalise` form, the form query words are
 taken from, so both sides fold case, width and "ß" alike (FTS5's own folding leaves "Straße" and
 full-width letters apart from what the query normaliser makes of them).
+
+Deleting or replacing a text is physical: FTS5 keeps a deleted document's tokens in its index
+segments until they merge, so every delete is followed by ``optimize`` (which merges them, in the
+same transaction), and the connection's ``secure_delete`` zeroes the pages it frees. (FTS5's own
+``secure-delete`` option needs SQLite 3.42; ``optimize`` works everywhere and costs a rewrite of
+one user's index.)
 """
 
 from __future__ import annotations
@@ -48,19 +54,27 @@ class SqliteLexicalIndex(PerUserSqlite):
         docs = [(memory_id, normalise(text)) for memory_id, text in zip(ids, texts)]
 
         def work(conn: sqlite3.Connection) -> None:
-            _delete(conn, ids)
+            replaced = _delete(conn, ids)
             for memory_id, doc in docs:
                 cursor = conn.execute("INSERT INTO docs(id, text) VALUES (?, ?)", (memory_id, doc))
                 conn.execute(
                     "INSERT INTO ids(id, docid) VALUES (?, ?)", (memory_id, cursor.lastrowid)
                 )
+            if replaced:
+                _optimize(conn)
 
         self._write(user_id, "index memories", work)
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Remove memory ids from the index (unknown ids are ignored)."""
-        if ids:
-            self._write(user_id, "update the index", lambda conn: _delete(conn, ids), create=False)
+        if not ids:
+            return
+
+        def work(conn: sqlite3.Connection) -> None:
+            if _delete(conn, ids):
+                _optimize(conn)
+
+        self._write(user_id, "update the index", work, create=False)
 
     def refresh(self, user_id: str) -> None:
         """Nothing to catch up with: every process reads the same file, SQLite keeps it current."""
@@ -80,10 +94,19 @@ class SqliteLexicalIndex(PerUserSqlite):
         return [(str(i), float(s)) for i, s in rows]
 
 
-def _delete(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
-    """Delete memory ids from the index through the id map (inside the caller's transaction)."""
+def _delete(conn: sqlite3.Connection, ids: Sequence[str]) -> int:
+    """Delete memory ids from the index through the id map (inside the caller's transaction);
+    returns how many were there. Their tokens stay in the index segments until :func:`_optimize`."""
+    deleted = 0
     for memory_id in ids:
         row = conn.execute("SELECT docid FROM ids WHERE id = ?", (memory_id,)).fetchone()
         if row is not None:
             conn.execute("DELETE FROM docs WHERE rowid = ?", (row[0],))
             conn.execute("DELETE FROM ids WHERE id = ?", (memory_id,))
+            deleted += 1
+    return deleted
+
+
+def _optimize(conn: sqlite3.Connection) -> None:
+    """Merge the index segments into one, so deleted documents leave no tokens behind."""
+    conn.execute("INSERT INTO docs(docs) VALUES ('optimize')")

@@ -306,9 +306,24 @@ class ChromaVectorStore:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
-        """Make deletions physical in embedded mode: VACUUM Chroma's SQLite file (deleted rows
-        otherwise stay in free pages) and remove segment folders no collection uses any more.
-        A Chroma server manages its own files: there this does nothing."""
+        """Make deletions and replaced texts physical in embedded mode; a Chroma server manages
+        its own files, so there this does nothing (its operator must compact them).
+
+        Where embedded Chroma keeps a deleted or overwritten document, and what is done about it:
+
+        1. its write-ahead log (``embeddings_queue``) keeps every write's document and metadata
+           until the vector index persists (every ~1000 writes); once the metadata segment has
+           applied a write, the log is kept only so the vector index can replay the vector, so
+           the document and metadata of applied writes are blanked to ``{}`` (what Chroma itself
+           writes for a record without them);
+        2. its trigram full-text index keeps postings of deleted documents until its segments
+           merge: ``optimize`` merges them;
+        3. SQLite keeps deleted rows in free pages and in the free space of pages (Chroma's
+           connection does not use ``secure_delete``): VACUUM rewrites the file without them;
+        4. segment folders no collection uses any more are removed.
+
+        Cost: a rewrite of Chroma's SQLite file, ~proportional to its size (see the README).
+        """
         self._live()
         if self._path is None:
             return
@@ -317,9 +332,12 @@ class ChromaVectorStore:
             return
         with self._lock:
             try:
-                conn = sqlite3.connect(str(db), timeout=30)
+                conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
                 try:
+                    conn.execute("PRAGMA secure_delete=ON")
                     live = {row[0] for row in conn.execute("SELECT id FROM segments")}
+                    _blank_applied_log(conn)
+                    _optimize_fulltext(conn)
                     conn.execute("VACUUM")
                 finally:
                     conn.close()
@@ -337,6 +355,39 @@ class ChromaVectorStore:
             self._closed = True
             self._handles.clear()
             _chroma.close_client(self._handles.client)
+
+
+# -- physical erasure in Chroma's SQLite file -------------------------------------------------
+def _blank_applied_log(conn: sqlite3.Connection) -> None:
+    """Blank documents and metadata in Chroma's log for writes its metadata segment has applied
+    (their vectors stay: the vector index replays them from the log until it persists)."""
+    applied = conn.execute(
+        "SELECT s.collection, m.seq_id FROM segments s JOIN max_seq_id m ON m.segment_id = s.id "
+        "WHERE s.scope = 'METADATA'"
+    ).fetchall()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for collection, seq_id in applied:
+            if not isinstance(seq_id, int):  # an older Chroma stored bytes: leave the log alone
+                continue
+            conn.execute(
+                "UPDATE embeddings_queue SET metadata = '{}' WHERE seq_id <= ? AND topic LIKE ? "
+                "AND metadata IS NOT NULL AND metadata != '{}'",
+                (seq_id, f"%/{collection}"),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _optimize_fulltext(conn: sqlite3.Connection) -> None:
+    """Merge the segments of Chroma's full-text index, dropping postings of deleted documents."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name = 'embedding_fulltext_search'").fetchone()
+    if exists:
+        conn.execute("INSERT INTO embedding_fulltext_search(embedding_fulltext_search) "
+                     "VALUES ('optimize')")
 
 
 # -- the record layout ---------------------------------------------------------------------------

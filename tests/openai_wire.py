@@ -4,7 +4,7 @@ Why a server and not mocks: it exercises what the client really sends (headers, 
 parsing, timeouts, retries), so a test that passes here passes against a real endpoint too.
 
     with OpenAIWireServer() as srv:
-        srv.script("first reply", Reply.error(429), Reply.slow(3.0))
+        srv.script("first reply", Reply.error(429), Reply.slow(3.0), Reply.cut_stream(1))
         ...  # point Settings(base_url=srv.base_url) at it
         srv.requests[0].api_key, srv.requests[0].body["messages"]
 
@@ -49,6 +49,7 @@ class Reply:
     message: str = ""
     delay: float = 0.0
     rejects_json_schema: bool = False
+    cut_after: int | None = None
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -63,6 +64,14 @@ class Reply:
     def slow(cls, seconds: float, content: str | None = None) -> Reply:
         """Answer after ``seconds`` (cut short when the server is reset or closed)."""
         return cls(content=content, delay=seconds)
+
+    @classmethod
+    def cut_stream(cls, after: int, content: str | None = None) -> Reply:
+        """A streamed reply whose connection drops after ``after`` content deltas: no finish
+        chunk, no ``[DONE]``, and the chunked body is never terminated (the peer just hangs up,
+        as a crashed or restarted endpoint does). A request without ``stream`` gets the same
+        cut: the connection closes before any response."""
+        return cls(content=content, cut_after=after)
 
     @classmethod
     def invalid_json(cls) -> Reply:
@@ -339,9 +348,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt, "completion_tokens": completion,
                  "total_tokens": prompt + completion}
         cid, model = wire._next_id("chatcmpl"), str(body.get("model", ""))
+        if reply.cut_after is not None and not body.get("stream"):
+            self.close_connection = True  # hang up without a response
+            return None
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return self._stream(cid, model, content, usage if include_usage else None)
+            return self._stream(cid, model, content, usage if include_usage else None,
+                                cut_after=reply.cut_after)
         message = {"role": "assistant", "content": content, "refusal": None}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
         self._json(200, {**_envelope(cid, model, "chat.completion", [choice]), "usage": usage})
@@ -366,8 +379,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         reply = {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
         self._json(200, reply)
 
-    def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None) -> None:
-        """Server-sent events, chunked: role, word deltas, finish, optional usage, ``[DONE]``."""
+    def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None,
+                *, cut_after: int | None = None) -> None:
+        """Server-sent events, chunked: role, word deltas, finish, optional usage, ``[DONE]``;
+        with ``cut_after``, the role and that many deltas, then the connection is dropped."""
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -379,13 +394,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if usage is not None:
             events.append({**_envelope(cid, model, "chat.completion.chunk", []), "usage": usage})
         payloads = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+        ending = [b""]  # the empty chunk ends the body
+        if cut_after is not None:
+            payloads, ending = payloads[: 1 + cut_after], []
+            self.close_connection = True
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for data in [*payloads, b""]:  # the empty chunk ends the body
+            for data in [*payloads, *ending]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
         except OSError:

@@ -132,3 +132,19 @@ def test_latency_runs_on_a_small_user(tmp_path: Path) -> None:
     assert row["disk"]["total"] > 0 and row["disk"]["bytes_per_memory"] > 0
     assert row["memory"]["peak_rss_mb"] > 0
     assert "| 50 |" in proc.stdout
+
+
+def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
+    out = tmp_path / "storage.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "storage.py"), "--sizes", "20,40", "--singles", "3",
+         "--users", "5,10", "--trials", "1", "--out", str(out), "-q"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert [row["memories"] for row in result["add"]["single"]] == [23, 43]
+    assert result["add"]["add_many"]["floor_per_s"] > 0
+    assert [row["users"] for row in result["users"]] == [5, 10]
+    assert result["crash"] == {"trials": 1, "lost_acknowledged": 0, "store_disagreements": 0}
+    assert "| memories | single add median ms" in done.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -48,13 +49,101 @@ def test_bad_urls_are_refused(url: str) -> None:
         Settings(base_url=url)
 
 
+#: The whole public surface. Changing it is an API change: update this pin on purpose, and the
+#: README, in the same commit.
+PUBLIC_NAMES = [
+    "AsyncMemory",
+    "BackendAuthError",
+    "BackendError",
+    "BackendRateLimitError",
+    "BackendUnavailableError",
+    "ChatReply",
+    "ClosedError",
+    "ConfigError",
+    "Context",
+    "ContextLine",
+    "CorruptStateError",
+    "DataDirLockedError",
+    "EmbedderError",
+    "EmbedderMismatchError",
+    "Entity",
+    "Extraction",
+    "GraphEntity",
+    "GraphRelation",
+    "Hit",
+    "HybridMemError",
+    "InvalidInputError",
+    "InvalidUserIdError",
+    "Memory",
+    "MemoryItem",
+    "NotFoundError",
+    "Relation",
+    "ScoreBreakdown",
+    "Settings",
+    "StorageError",
+    "StoreBusyError",
+    "Usage",
+    "UserStats",
+    "__version__",
+]
+MEMORY_METHODS = {
+    "add": "user_id text *kind *category *importance *confidence *source *metadata *created_at *expires_at *infer",
+    "add_many": "user_id items *infer",
+    "add_messages": "user_id messages *infer",
+    "chat": "user_id message *max_context_tokens",
+    "chat_model": "property",
+    "chat_stream": "user_id message *max_context_tokens",
+    "close": "",
+    "context": "user_id query *max_tokens *where *category *limit *include_superseded",
+    "count": "user_id",
+    "embedder": "property",
+    "entities": "user_id",
+    "export": "user_id",
+    "extractor": "property",
+    "facts": "user_id *category",
+    "flush_access": "",
+    "forget": "user_id memory_id",
+    "get": "user_id memory_id",
+    "history": "user_id memory_id",
+    "import_": "user_id bundle",
+    "list": "user_id *category *where *limit *offset *include_superseded",
+    "prune": "user_id *dry_run *min_importance *idle_days",
+    "query_path": "user_id a b *max_depth",
+    "refresh": "user_id",
+    "relations": "user_id",
+    "remember": "user_id key value *category *confidence *importance",
+    "search": "user_id query *limit *where *category *include_superseded",
+    "stats": "user_id",
+    "summarize": "user_id",
+    "tokens": "property",
+    "update": "user_id memory_id *text *category *importance *confidence *metadata *expires_at",
+    "usage": "property",
+}
+
+
+def _shape(function: object) -> str:
+    """Parameter names after ``self``; keyword-only ones marked with ``*``."""
+    params = list(inspect.signature(function).parameters.values())[1:]  # type: ignore[arg-type]
+    return " ".join(("*" if p.kind is p.KEYWORD_ONLY else "") + p.name for p in params)
+
+
 def test_public_api_is_pinned() -> None:
-    assert hybridmem.__all__ == sorted(hybridmem.__all__, key=lambda n: (n.startswith("_"), n))
-    assert {"Memory", "Settings", "Hit", "MemoryItem", "Context", "HybridMemError"} <= set(
-        hybridmem.__all__
-    )
+    assert hybridmem.__all__ == PUBLIC_NAMES
     for name in hybridmem.__all__:
         assert hasattr(hybridmem, name)
+    ours = {n for n in dir(hybridmem) if not n.startswith("_")
+            and str(getattr(getattr(hybridmem, n), "__module__", "")).startswith("hybridmem")}
+    assert ours <= set(PUBLIC_NAMES), ours - set(PUBLIC_NAMES)  # nothing of ours left unlisted
+
+
+def test_memory_methods_are_pinned() -> None:
+    Memory = hybridmem.Memory
+    found = {
+        name: "property" if isinstance(getattr(Memory, name), property)
+        else _shape(getattr(Memory, name))
+        for name in dir(Memory) if not name.startswith("_")
+    }
+    assert found == MEMORY_METHODS
 
 
 def test_errors_carry_status_and_builtin_base() -> None:

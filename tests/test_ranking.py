@@ -74,3 +74,43 @@ def test_weighted_is_the_default_and_rewards_agreement() -> None:
     both = Candidate("both", vector=0.5, vector_rank=2, lexical=3.0, lexical_rank=1)
     vec_only = Candidate("vec", vector=0.7, vector_rank=1)
     assert [c.memory_id for c, _ in fuse([vec_only, both], Weights())] == ["both", "vec"]
+
+
+# -- the formula of ranking.py's docstring, computed by hand --------------------------------------
+FULL = Candidate("m", vector=0.6, vector_rank=3, lexical=4.0, lexical_rank=2, graph_hops=2,
+                 graph_rank=5, age_days=45.0, importance=0.9, confidence=0.4)
+OTHER = Candidate("o", lexical=8.0, lexical_rank=1)  # max_bm25 = 8
+TUNED = dict(vector=0.7, lexical=0.3, graph=0.2, recency=0.25, half_life_days=30.0,
+             importance=0.5, rrf_k=60.0)
+
+
+def _modifiers(w_r: float, w_i: float) -> float:
+    d = 0.5 ** (45.0 / 30.0)
+    return (1 - w_r + w_r * d) * (1 + w_i * (0.9 - 0.5)) * (0.5 + 0.5 * 0.4)
+
+
+def test_weighted_score_is_the_documented_formula() -> None:
+    scores = {c.memory_id: b.fused for c, b in fuse([FULL, OTHER], Weights(**TUNED))}
+    base = 0.7 * 0.6 + 0.3 * 4.0 / 8.0 + 0.2 * 0.5 ** 2
+    assert abs(scores["m"] - base * _modifiers(0.25, 0.5)) < 1e-12
+    assert abs(scores["o"] - 0.3 * 8.0 / 8.0 * (0.5 + 0.5 * 1.0) * 1.0) < 1e-12
+
+
+def test_rrf_score_is_the_documented_formula() -> None:
+    scores = {c.memory_id: b.fused for c, b in fuse([FULL, OTHER], Weights(**TUNED, fusion="rrf"))}
+    base = 0.7 / (60 + 3) + 0.3 / (60 + 2) + 0.2 * 0.5 ** 2 / (60 + 5)
+    assert abs(scores["m"] - base * _modifiers(0.25, 0.5)) < 1e-12
+    assert abs(scores["o"] - 0.3 / (60 + 1)) < 1e-12
+
+
+def test_documented_defaults() -> None:
+    from hybridmem.ranking import GRAPH_DAMPING
+
+    w = Weights()
+    assert (w.vector, w.lexical, w.graph, w.recency, w.importance, w.rrf_k) == (
+        1.0, 1.0, 0.1, 0.0, 0.0, 60.0)
+    assert GRAPH_DAMPING == 0.5
+    # recency_weight is clamped to [0, 1]
+    old = Candidate("x", vector=0.5, vector_rank=1, age_days=30.0)
+    (_, b), = fuse([old], Weights(recency=3.0))
+    assert abs(b.fused - 0.5 * 0.5) < 1e-12

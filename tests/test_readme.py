@@ -1,7 +1,10 @@
-"""The README's Python code blocks run as written (offline), and its two commands are the real ones."""
+"""The README's Python code blocks run as written (offline) and print what its "Output (real)" block
+shows; its two commands are the real ones."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -17,19 +20,70 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: Scores may move this much between CPUs (ONNX kernels differ in the last digits).
+SCORE_TOLERANCE = 0.01
+_NUMBER = re.compile(r"-?\d+\.\d+")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def _blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
-def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _printed_blocks() -> list[tuple[str, str]]:
+    """(python block, the "Output (real ...)" text block right after it)."""
+    return re.findall(r"```python\n(.*?)```\s*\nOutput \(real[^\n]*\n+```text\n(.*?)```",
+                      README, flags=re.S)
+
+
+def _differences(expected: str, actual: str) -> list[str]:
+    """Lines that differ beyond dates (today's) and decimals (within SCORE_TOLERANCE)."""
+    want, got = expected.strip().splitlines(), actual.strip().splitlines()
+    if len(want) != len(got):
+        return [f"{len(got)} lines printed, the README shows {len(want)}:\n{actual}"]
+    out = []
+    for w, g in zip(want, got):
+        w_shape, g_shape = (_NUMBER.sub("#", _DATE.sub("DATE", x)) for x in (w, g))
+        w_nums = [float(n) for n in _NUMBER.findall(_DATE.sub("DATE", w))]
+        g_nums = [float(n) for n in _NUMBER.findall(_DATE.sub("DATE", g))]
+        if w_shape != g_shape or any(abs(a - b) > SCORE_TOLERANCE for a, b in zip(w_nums, g_nums)):
+            out.append(f"README: {w}\nprinted: {g}")
+    return out
+
+
+def _run(block: str) -> str:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102
+    return printed.getvalue()
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HYBRIDMEM_DATA_DIR", str(tmp_path / "hm-data"))
+    return tmp_path
+
+
+def test_readme_python_blocks_run_and_print_the_shown_output(in_tmp: Path) -> None:
     blocks = _blocks("python")
     assert blocks, "README has no python blocks"
+    shown = dict(_printed_blocks())
+    assert shown, "README shows no 'Output (real)' block after a python block"
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102
+        printed = _run(block)
+        if block in shown:
+            assert _differences(shown[block], printed) == []
+
+
+def test_the_output_comparison_can_fail() -> None:
+    text = "1.5678  A\n        why: vector 0.52 #1 · just now\n138 tokens\n- [2026-11-30] A"
+    assert _differences(text, text.replace("2026-11-30", "2031-01-02")) == []
+    assert _differences(text, text.replace("1.5678", "1.5701")) == []
+    assert _differences(text, text.replace("1.5678", "1.6678"))  # a score moved
+    assert _differences(text, text.replace("#1", "#2"))  # a rank changed
+    assert _differences(text, text.replace("138", "139"))  # the budget used changed
+    assert _differences(text, text + "\nextra")
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -37,7 +91,8 @@ def test_ci_runs_the_readme_test_command() -> None:
     commands = [line.strip() for line in _blocks("bash")[0].splitlines() if line.strip()]
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command in ci
-    assert os.access(ROOT / ".ci" / "run", os.X_OK) or ci.startswith("#!")
+    assert ci.startswith("#!") and os.access(ROOT / ".ci" / "run", os.X_OK), (
+        ".ci/run must be an executable script (chmod +x .ci/run)")
 
 
 def test_configuration_table_lists_every_setting() -> None:

@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from hybridmem import Memory, Settings, Usage, __version__
+from hybridmem import Memory, Settings, __version__
 from hybridmem.errors import BackendUnavailableError, ConfigError
 from hybridmem.offline import LocalEmbedder
 from hybridmem.protocols import ChatResult
@@ -228,7 +228,7 @@ def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
     assert body[0]["why"] and "fused" in body[0]["breakdown"]
     only = client.post(f"/v1/users/{unique_user}/search",
                        json={"query": "laptop", "category": "health"}).json()
-    assert [h["item"]["category"] for h in only] == ["health"] * len(only)
+    assert [h["item"]["text"] for h in only] == ["Is allergic to peanuts"]
 
     ctx = client.post(f"/v1/users/{unique_user}/context",
                       json={"query": "monitor for my laptop", "max_tokens": 40})
@@ -593,37 +593,6 @@ def test_endpoint_failures_map_by_class(
     assert response.json()["error"]["type"] == kind
     assert "sk-test" not in response.text
     assert chat_service.memory.count(unique_user) == 0
-
-
-class _BreaksMidStream:
-    """A chat model whose stream sends one piece, then loses the endpoint."""
-
-    model = "breaks-mid-stream"
-    last_usage = Usage()
-
-    def complete(self, messages: Any, **_: Any) -> ChatResult:
-        return ChatResult(text="unused")
-
-    def stream(self, messages: Any) -> Iterator[str]:
-        yield "Hello"
-        raise BackendUnavailableError("the endpoint went away mid-reply")
-
-
-def test_a_stream_that_breaks_ends_with_an_error_event(
-    embedder: LocalEmbedder, tmp_path: Path, unique_user: str
-) -> None:
-    # An endpoint is configured (the chat model given stands in for it; nothing listens there).
-    settings = Settings(data_dir=tmp_path / "hm", extractor="rules",
-                        base_url="http://127.0.0.1:9/v1")
-    with Memory(settings, embedder=embedder, chat_model=_BreaksMidStream()) as memory:
-        with serve(create_app(memory, api_keys=[])) as url, httpx.Client(base_url=url) as c:
-            with c.stream("POST", f"/v1/users/{unique_user}/chat",
-                          json={"message": "hi", "stream": True}) as response:
-                assert response.status_code == 200  # already streaming when it broke
-                lines = [line for line in response.iter_lines() if line]
-    assert lines[0] == 'data: {"delta": "Hello"}'
-    assert lines[1:] == ["event: error", 'data: {"error": {"type": "BackendUnavailableError", '
-                         '"message": "the endpoint went away mid-reply"}}']  # and no [DONE]
 
 
 # -- CLI -----------------------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Storage benchmark: does a write cost stay flat as a user grows and as users multiply, and does a
+crash lose anything?
+
+Prints a markdown table and writes JSON (provenance included) to ``bench/results/``:
+
+- ``add``: median single ``Memory.add`` at a user's size of N memories (N = 100, 1,000, 10,000 by
+  default), with the graph's change-log and snapshot sizes at that point; goal: at 10k ≤ 1.5× at 100.
+- ``add_many``: memories per second for batches of 64, beside the raw floor measured in the same
+  run (the same texts embedded with the same model and added to a bare Chroma collection).
+- ``users``: open file descriptors and RSS after touching 1,000 and 3,000 users (one memory each).
+- ``crash``: ``--trials`` writer processes killed with SIGKILL at random moments; after each, the
+  acknowledged ids that are missing and the stores that disagree (both must be 0).
+
+Offline: local MiniLM embedder (hash embedder for the users and crash parts, which measure storage),
+rule extractor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import _provenance  # noqa: E402  (bench/ is not a package)
+
+log = logging.getLogger("bench.storage")
+WORDS = ("laptop monitor keyboard mouse dock cable charger desk chair lamp headset webcam "
+         "speaker tablet phone router printer scanner drive adapter").split()
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Customer note {seed}-{i}: bought a {rng.choice(WORDS)} and a {rng.choice(WORDS)} "
+            f"for the {rng.choice(WORDS)} setup, order {rng.randrange(10**6)}" for i in range(n)]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
+    from hybridmem import Memory, Settings
+    from hybridmem.offline import LocalEmbedder
+
+    embedder = LocalEmbedder(threads=2)
+    out: dict[str, Any] = {"single": [], "add_many": {}}
+    data_dir = root / "add"
+    with Memory(Settings(data_dir=data_dir, embedder="local", extractor="rules"),
+                embedder=embedder) as mem:
+        have = 0
+        for size in sizes:
+            texts = sentences(size - have, seed=size)
+            started = time.perf_counter()
+            for lo in range(0, len(texts), 64):
+                mem.add_many("bench", texts[lo:lo + 64])
+            took = time.perf_counter() - started
+            have = mem.count("bench")
+            if size == sizes[-1]:
+                out["add_many"]["per_s"] = len(texts) / took
+                out["add_many"]["n"] = len(texts)
+            times = []
+            for text in sentences(singles, seed=10**6 + size):
+                t0 = time.perf_counter()
+                mem.add("bench", text)
+                times.append((time.perf_counter() - t0) * 1000)
+            have = mem.count("bench")
+            folder = next((data_dir / "users").iterdir())
+            sizes_on_disk = {p.name: p.stat().st_size for p in folder.iterdir()}
+            out["single"].append({
+                "memories": have, "median_ms": statistics.median(times),
+                "p90_ms": sorted(times)[int(len(times) * 0.9) - 1],
+                "graph_json_bytes": sizes_on_disk.get("graph.json", 0),
+                "graph_log_bytes": sizes_on_disk.get("graph.log", 0),
+            })
+            log.info("add at %d: median %.1f ms", have, out["single"][-1]["median_ms"])
+    # the raw floor: the same model, a bare Chroma collection, the same batch size
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    client = chromadb.PersistentClient(path=str(root / "raw"),
+                                       settings=ChromaSettings(anonymized_telemetry=False))
+    collection = client.get_or_create_collection("raw", embedding_function=None,
+                                                 configuration={"hnsw": {"space": "cosine"}})
+    texts = sentences(out["add_many"]["n"], seed=sizes[-1])
+    started = time.perf_counter()
+    for lo in range(0, len(texts), 64):
+        chunk = texts[lo:lo + 64]
+        collection.add(ids=[f"r{lo + i}" for i in range(len(chunk))], documents=chunk,
+                       embeddings=embedder.embed_batch(chunk))
+    out["add_many"]["floor_per_s"] = len(texts) / (time.perf_counter() - started)
+    out["add_many"]["ratio"] = out["add_many"]["per_s"] / out["add_many"]["floor_per_s"]
+    return out
+
+
+def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
+    from hybridmem import Memory, Settings
+
+    out = []
+    with Memory(Settings(data_dir=root / "users", embedder="hash", extractor="rules")) as mem:
+        done = 0
+        for count in counts:
+            for n in range(done, count):
+                mem.add(f"user-{n}", f"I bought gadget {n}")
+            done = count
+            out.append({"users": count, "open_fds": open_fds(), "max_rss_mb": rss_mb()})
+            log.info("%d users: %d fds", count, out[-1]["open_fds"])
+    return out
+
+
+def bench_crash(trials: int, root: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_crash import WRITER, _agree  # the writer and the agreement check of the suite
+
+    from hybridmem import Memory, Settings
+
+    rng = random.Random(7)
+    data_dir = root / "crash"
+    acknowledged: set[str] = set()
+    forgotten: set[str] = set()
+    lost = disagreements = 0
+    for trial in range(trials):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=120)
+        for line in [first, *rest.splitlines()]:
+            if line.startswith("forgot "):
+                forgotten.add(line.split()[1])
+            elif line.strip():
+                acknowledged.update(line.split())
+        with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
+            stored = {i.id for i in mem.list("crash-user", limit=1000, include_superseded=True)}
+            lost += len(acknowledged - forgotten - stored)
+            try:
+                _agree(mem, data_dir, "crash-user")
+            except AssertionError:
+                disagreements += 1
+        if len(stored) > 800:  # keep the user under list()'s limit: start a fresh directory
+            data_dir = root / f"crash-{trial}"
+            acknowledged, forgotten = set(), set()
+    return {"trials": trials, "lost_acknowledged": lost, "store_disagreements": disagreements}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--singles", type=int, default=30)
+    parser.add_argument("--users", default="1000,3000")
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("-q", "--quiet", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(message)s")
+    provenance = {"git": _provenance.git_info(), "machine": _provenance.machine_info(
+        ("chromadb", "onnxruntime", "networkx"))}
+    with tempfile.TemporaryDirectory(prefix="hybridmem-bench-") as tmp:
+        root = Path(tmp)
+        sizes = [int(x) for x in args.sizes.split(",")]
+        result = {"provenance": provenance,
+                  "add": bench_add(sizes, root, args.singles),
+                  "users": bench_users([int(x) for x in args.users.split(",")], root),
+                  "crash": bench_crash(args.trials, root) if args.trials else None}
+    single = result["add"]["single"]
+    print("| memories | single add median ms | p90 ms | graph.json | graph.log |")
+    print("|---|---|---|---|---|")
+    for row in single:
+        print(f"| {row['memories']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} | "
+              f"{row['graph_json_bytes']:,} | {row['graph_log_bytes']:,} |")
+    many = result["add"]["add_many"]
+    print(f"\nadd_many: {many['per_s']:.0f}/s vs raw floor {many['floor_per_s']:.0f}/s "
+          f"(ratio {many['ratio']:.2f}); single add at {single[-1]['memories']} / at "
+          f"{single[0]['memories']}: {single[-1]['median_ms'] / single[0]['median_ms']:.2f}x")
+    for row in result["users"]:
+        print(f"{row['users']} users: {row['open_fds']} open fds, max RSS {row['max_rss_mb']:.0f} MB")
+    if result["crash"]:
+        c = result["crash"]
+        print(f"kill -9: {c['trials']} trials, {c['lost_acknowledged']} acknowledged writes lost, "
+              f"{c['store_disagreements']} store disagreements")
+    out = args.out or REPO / "bench" / "results" / f"storage-{int(time.time())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    print(f"JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
