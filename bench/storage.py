@@ -127,7 +127,7 @@ def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
 
 def bench_crash(trials: int, root: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "tests"))
-    from test_crash import WRITER, _agree  # the writer and the agreement check of the suite
+    from test_crash import WRITER, _agree, _all  # the writer and the checks of the suite
 
     from hybridmem import Memory, Settings
 
@@ -150,15 +150,12 @@ def bench_crash(trials: int, root: Path) -> dict[str, Any]:
             elif line.strip():
                 acknowledged.update(line.split())
         with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-            stored = {i.id for i in mem.list("crash-user", limit=1000, include_superseded=True)}
+            stored = {i.id for i in _all(mem, "crash-user")}
             lost += len(acknowledged - forgotten - stored)
             try:
                 _agree(mem, data_dir, "crash-user")
             except AssertionError:
                 disagreements += 1
-        if len(stored) > 800:  # keep the user under list()'s limit: start a fresh directory
-            data_dir = root / f"crash-{trial}"
-            acknowledged, forgotten = set(), set()
     return {"trials": trials, "lost_acknowledged": lost, "store_disagreements": disagreements}
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hybridmem import BackendAuthError, Memory, Settings
+from hybridmem import BackendAuthError, Memory
 from hybridmem.offline import LocalEmbedder
 from openai_wire import OpenAIWireServer, Reply
 

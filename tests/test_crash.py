@@ -3,7 +3,6 @@ random moments, two processes on one embedded data dir, and many users under a l
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -12,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,9 +42,17 @@ def _ids_in_sqlite(path: Path, sql: str) -> set[str]:
         return {row[0] for row in conn.execute(sql)}
 
 
+def _all(mem: Memory, user: str) -> list[Any]:
+    """Every memory of the user, superseded ones included, page by page."""
+    items: list[Any] = []
+    while page := mem.list(user, limit=1000, offset=len(items), include_superseded=True):
+        items.extend(page)
+    return items
+
+
 def _agree(mem: Memory, data_dir: Path, user: str) -> None:
     """Every store holds exactly the memories the vector store holds."""
-    items = mem.list(user, limit=1000, include_superseded=True)
+    items = _all(mem, user)
     ids = {i.id for i in items}
     assert mem.count(user) == len(ids)
     folder = next((data_dir / "users").iterdir())
@@ -84,7 +92,7 @@ def test_a_writer_killed_at_random_loses_nothing_acknowledged(tmp_path: Path) ->
             elif line.strip():
                 acknowledged.update(line.split())
         with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-            stored = {i.id for i in mem.list("crash-user", limit=1000, include_superseded=True)}
+            stored = {i.id for i in _all(mem, "crash-user")}
             assert acknowledged - forgotten <= stored, f"trial {trial} lost acknowledged writes"
             _agree(mem, data_dir, "crash-user")
 

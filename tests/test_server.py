@@ -23,9 +23,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from hybridmem import Memory, Settings, __version__
-from hybridmem.errors import BackendUnavailableError, ConfigError
+from hybridmem.errors import ConfigError
 from hybridmem.offline import LocalEmbedder
-from hybridmem.protocols import ChatResult
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, Reply
 
