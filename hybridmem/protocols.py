@@ -198,8 +198,8 @@ class VectorStore(Protocol):
         ...
 
     def purge(self) -> None:
-        """Make earlier deletions physical in files this process owns (no-op where the backend
-        manages its own files, such as a Chroma server)."""
+        """Make deletions and replaced texts physical in files this process owns (a no-op where
+        the backend manages its own files, such as a Chroma server)."""
         ...
 
     def close(self) -> None: ...
