@@ -31,9 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["OpenAIWireServer", "RecordedRequest", "Reply", "default_responder", "message_text"]
+__all__ = ["FAULTS", "Fault", "OpenAIWireServer", "RecordedRequest", "Reply", "default_responder", "message_text"]
 
 Endpoint = Literal["chat", "embeddings"]
+#: Ways a reply can be broken at the wire (see :meth:`Reply.broken`).
+Fault = Literal["non_json", "html", "wrong_shape", "no_choices", "broken_stream"]
+FAULTS: tuple[Fault, ...] = ("non_json", "html", "wrong_shape", "no_choices", "broken_stream")
 _PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/embeddings": "embeddings"}
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORD = re.compile(r"\w+")
@@ -49,6 +52,7 @@ class Reply:
     message: str = ""
     delay: float = 0.0
     rejects_json_schema: bool = False
+    fault: Fault | None = None
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -68,6 +72,15 @@ class Reply:
     def invalid_json(cls) -> Reply:
         """Chat content that is not valid JSON, whatever ``response_format`` asked for."""
         return cls(content=INVALID_JSON)
+
+    @classmethod
+    def broken(cls, fault: Fault, content: str | None = None) -> Reply:
+        """A 200 that is not a usable reply: ``non_json`` (a JSON content type, garbage body),
+        ``html`` (a proxy's login page), ``wrong_shape`` (JSON, but not a completion or an
+        embedding list), ``no_choices`` (a completion with ``choices: []``), ``broken_stream``
+        (a stream's first deltas, then the connection drops; a non-stream request gets its
+        headers and half a body)."""
+        return cls(content=content, fault=fault)
 
     @classmethod
     def refuse_json_schema(cls) -> Reply:
@@ -315,6 +328,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(503, "The server is shutting down.")
         elif reply.status >= 400:
             self._error(reply.status, reply.message or _REASONS.get(reply.status, "Error."))
+        elif reply.fault is not None and reply.fault != "broken_stream" or (
+            reply.fault == "broken_stream" and not body.get("stream")
+        ):
+            self._fault(reply.fault, endpoint)
         elif endpoint == "embeddings":
             self._embeddings(wire, body)
         else:
@@ -341,7 +358,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         cid, model = wire._next_id("chatcmpl"), str(body.get("model", ""))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return self._stream(cid, model, content, usage if include_usage else None)
+            return self._stream(cid, model, content, usage if include_usage else None,
+                                broken=reply.fault == "broken_stream")
         message = {"role": "assistant", "content": content, "refusal": None}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
         self._json(200, {**_envelope(cid, model, "chat.completion", [choice]), "usage": usage})
@@ -366,7 +384,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         reply = {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
         self._json(200, reply)
 
-    def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None) -> None:
+    def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None,
+                broken: bool = False) -> None:
         """Server-sent events, chunked: role, word deltas, finish, optional usage, ``[DONE]``."""
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -379,15 +398,54 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if usage is not None:
             events.append({**_envelope(cid, model, "chat.completion.chunk", []), "usage": usage})
         payloads = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+        if broken:  # the role and first two deltas, then half an event, then the connection drops
+            payloads = [*payloads[:3], b'data: {"id": "chatcmpl-cut", "choi']
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for data in [*payloads, b""]:  # the empty chunk ends the body
+            for data in [*payloads, b"" if not broken else None]:  # the empty chunk ends the body
+                if data is None:
+                    self.close_connection = True
+                    return
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _fault(self, fault: Fault | None, endpoint: Endpoint) -> None:
+        """A broken 200 (see :meth:`Reply.broken`)."""
+        if fault == "html":
+            page = b"<html><head><title>Sign in</title></head><body>Proxy login</body></html>"
+            return self._raw(200, page, "text/html; charset=utf-8")
+        if fault == "non_json":
+            return self._raw(200, b"upstream said: {not json at all", "application/json")
+        if fault == "wrong_shape":
+            return self._json(200, {"result": "fine", "data": "no", "choices": "none"})
+        if fault == "no_choices":
+            envelope = _envelope("chatcmpl-empty", "wire", "chat.completion", [])
+            return self._json(200, {**envelope, "data": []} if endpoint == "embeddings" else envelope)
+        # broken_stream on a plain request: a Content-Length promising more than is sent
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"id": "chatcmpl-cut", "choices": [{"index": 0, "mess')
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _raw(self, status: int, data: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         except OSError:
             self.close_connection = True
 
