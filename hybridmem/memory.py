@@ -275,8 +275,7 @@ class Memory:
                 try:
                     self.summarize(user_id)
                 except HybridMemError as exc:
-                    log.warning("the episode summary failed (%s); retried at the next turns",
-                                type(exc).__name__)
+                    log.warning("summary failed (%s); retried later", type(exc).__name__)
         return stored
 
     def summarize(self, user_id: str) -> MemoryItem | None:
@@ -590,11 +589,12 @@ class Memory:
         with self._lock(user_id):
             return export_bundle(self._stores, user_id, embedder=self._embedder.name)
 
-    def import_(self, user_id: str, bundle: Mapping[str, Any]) -> int:
-        """Load an :meth:`export` bundle into ``user_id`` (ids and times kept, re-embedded with the
-        configured embedder). Returns the number of memories loaded."""
+    def import_(self, user_id: str, bundle: Mapping[str, Any], *, overwrite: bool = False) -> int:
+        """Load an :meth:`export` bundle, all or nothing (see :mod:`hybridmem.bundle`); ids the
+        user has are refused unless ``overwrite``. Returns the number of memories loaded."""
         self._check(user_id)
         with self._lock(user_id):
-            count = import_bundle(self._stores, user_id, bundle, embed=self._embed)
+            count = import_bundle(self._stores, user_id, bundle, embed=self._embed,
+                                  overwrite=overwrite)
             self._extras.forget(user_id)
             return count
