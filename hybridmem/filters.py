@@ -91,6 +91,8 @@ SYSTEM_FIELDS: frozenset[str] = frozenset(
 _TS_FIELDS = frozenset(f"{name}_ts" for name in _TIME_FIELDS)
 #: The memory fields a filter names (times without their ``_ts``), for messages.
 _PUBLIC = (SYSTEM_FIELDS - _TS_FIELDS) | set(_TIME_FIELDS)
+#: Fields stored as floats only (no int record to mis-compare, see :func:`_int_safe`).
+_FLOAT_FIELDS = frozenset({"importance", "confidence"}) | _TS_FIELDS
 #: Deepest nesting of ``$and`` / ``$or`` accepted, and most conditions in one filter.
 MAX_DEPTH = 8
 MAX_CONDITIONS = 256
@@ -224,7 +226,42 @@ def _epoch(key: str, value: object) -> object:
     return value
 
 
-def _condition(key: str, value: object) -> Condition:
+def _condition(key: str, value: object) -> Filter:
+    """One field's condition; see :func:`_int_safe` for fractional numbers."""
+    return _int_safe(_plain_condition(key, value))
+
+
+def _int_safe(cond: Condition) -> Filter:
+    """``cond`` with fractional number operands spelled so that Chroma agrees with Python.
+
+    Chroma compares a record's *int* value with a float operand truncated to an int (``n: 0``
+    matches ``{"$eq": 0.5}`` and ``{"$in": [0.5]}``; ``{"$lt": 0.5}`` misses it). For an operand
+    ``f`` with a fraction, the truncation ``k`` is the only int it gets wrong, so one equality on
+    ``k`` patches it: ``$eq f`` and ``$ne k`` ... (each patch is a no-op on floats and in Python,
+    where ints compare with ``f`` exactly). ``$in`` / ``$nin`` become ``$or`` / ``$and`` of ``$eq`` /
+    ``$ne``."""
+    values = cond.value if isinstance(cond.value, tuple) else (cond.value,)
+    if cond.field in _FLOAT_FIELDS or not any(_fractional(v) for v in values):
+        return cond
+    if cond.op in ("$in", "$nin"):
+        one: Op = "$eq" if cond.op == "$in" else "$ne"
+        parts = tuple(_int_safe(Condition(cond.field, one, v, cond.metadata)) for v in values)
+        return AnyOf(parts) if cond.op == "$in" else AllOf(parts)
+    f = float(cond.value)  # type: ignore[arg-type]  # a fractional float (checked)
+    k = Condition(cond.field, "$eq", int(f), cond.metadata)  # int() truncates, as Chroma does
+    not_k = Condition(cond.field, "$ne", int(f), cond.metadata)
+    if cond.op == "$eq" or (cond.op == "$gte" and f > 0) or (cond.op == "$lte" and f < 0):
+        return AllOf((cond, not_k))
+    if cond.op == "$ne" or (cond.op == "$gt" and f < 0) or (cond.op == "$lt" and f > 0):
+        return AnyOf((cond, k))
+    return cond
+
+
+def _fractional(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and not value.is_integer()
+
+
+def _plain_condition(key: str, value: object) -> Condition:
     key = _field(key)
     if isinstance(value, Mapping):
         if len(value) != 1 or next(iter(value)) not in OPERATORS:

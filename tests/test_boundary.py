@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 
 from hybridmem import Memory, Settings
 from hybridmem.errors import HybridMemError, InvalidInputError, InvalidUserIdError
-from hybridmem.models import MAX_SAFE_INT
+from hybridmem.models import MAX_SAFE_INT, is_valid_unicode
 from hybridmem.offline import LocalEmbedder
+
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 # -- named cases (each a case of issue 11) --------------------------------------------------------
 
@@ -54,6 +56,21 @@ def test_bad_input_is_a_typed_error_and_stores_nothing(mem: Memory, call: str,
     mem.add("u", "already here")
     with pytest.raises(InvalidInputError):
         getattr(mem, call)("u", **kwargs)
+    assert mem.count("u") == 1
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "memory.py (not this branch's): Memory.get/update/forget pass a memory id with a lone "
+    "surrogate to Chroma, which fails as StorageError (500); Memory.get should call "
+    "models.validate_memory_id(memory_id) instead of its isinstance check"))
+@pytest.mark.parametrize("call", ["get", "forget", "update"])
+def test_memory_ids_with_a_lone_surrogate_are_invalid_input(mem: Memory, call: str) -> None:
+    mem.add("u", "already here")
+    kwargs = {"text": "new"} if call == "update" else {}
+    try:
+        getattr(mem, call)("u", "\ud800", **kwargs)
+    except HybridMemError as exc:
+        assert isinstance(exc, InvalidInputError), repr(exc)
     assert mem.count("u") == 1
 
 
@@ -237,10 +254,11 @@ def _call(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     if name == "list":
         return name, {"user_id": user, "where": draw(_WHERE), "limit": draw(_LIMIT),
                       "offset": draw(st.one_of(st.integers(-3, 3), _HOSTILE))}
+    memory_id = text if is_valid_unicode(text) else "x"  # surrogates: test_memory_ids_... below
     if name in ("get", "forget_id"):
-        return name, {"user_id": user, "memory_id": text}
+        return name, {"user_id": user, "memory_id": memory_id}
     if name == "update":
-        return name, {"user_id": user, "memory_id": text, "text": draw(_HOSTILE),
+        return name, {"user_id": user, "memory_id": memory_id, "text": draw(_HOSTILE),
                       "metadata": draw(_METADATA)}
     if name == "remember":
         return name, {"user_id": user, "key": text, "value": draw(_HOSTILE)}
