@@ -1,0 +1,132 @@
+"""Schemathesis over the REST service's OpenAPI schema, against a real uvicorn with auth.
+
+Every operation gets generated requests (valid by the schema, and hostile strings inside them):
+no answer may be a 5xx, and every answer must match the schema (status code, content type, body).
+The chat routes are served by the real OpenAI-wire server on 127.0.0.1, so they never fail for a
+missing endpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+import uvicorn
+from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from openai_wire import OpenAIWireServer
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from hybridmem import Memory, Settings
+from hybridmem.offline import LocalEmbedder
+from hybridmem.server import create_app
+
+KEY = "fuzz-key-0123456789"
+#: Generated requests per operation; schemathesis reports how many ran (see the report).
+EXAMPLES = 25
+#: What every answer must satisfy. ``status_code_conformance`` runs on its own (see below).
+CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yield its base URL
+    (the pattern of tests/test_server.py)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def rest(tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder,
+         _openai_wire_session: OpenAIWireServer) -> Iterator[tuple[str, dict[str, Any]]]:
+    settings_ = Settings(
+        data_dir=tmp_path_factory.mktemp("fuzz-rest") / "hm", server_api_key=KEY,
+        extractor="rules", base_url=_openai_wire_session.base_url, api_key="sk-wire",
+        max_retries=0, request_timeout=5,
+    )
+    with Memory(settings_, embedder=embedder) as memory:
+        app = create_app(memory)
+        with serve(app) as url:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as c:
+                c.post("/v1/users/fuzz/memories", json={"text": "Fuzz bought a ROG laptop"})
+            yield url, app.openapi()
+
+
+def test_no_5xx_and_every_answer_matches_the_schema(rest: tuple[str, dict[str, Any]]) -> None:
+    """Each operation of the schema in turn; every failure is collected (with the request that
+    caused it, shrunk by hypothesis), then reported together."""
+    fuzz(rest, CHECKS)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "server.py (not this branch's): GET/PATCH/DELETE /v1/users/{user_id}/memories/{memory_id} "
+    "answer 404 (NotFoundError) but do not document it: add "
+    "responses={404: {'model': ErrorBody, ...}} to those routes (or to the v1 router)"))
+def test_every_status_code_is_documented(rest: tuple[str, dict[str, Any]]) -> None:
+    fuzz(rest, [status_code_conformance], examples=5)
+
+
+def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EXAMPLES) -> None:
+    url, spec = rest
+    headers = {"Authorization": f"Bearer {KEY}"}
+    failures: list[str] = []
+    for result in schemathesis.openapi.from_dict(spec).get_all_operations():
+        operation = result.ok()
+        ran = [0]
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=examples, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case: Any) -> None:
+            ran[0] += 1
+            case.call_and_validate(base_url=url, headers=headers, checks=checks, timeout=30)
+
+        try:
+            check()
+        except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - reported below
+            failures.append(f"{operation.label}: {exc}"[:3000])
+        RAN[operation.label] = ran[0]
+    print(f"schemathesis: {sum(RAN.values())} requests over {len(RAN)} operations: {RAN}")
+    assert not failures, "\n\n".join(failures)
+
+
+#: Requests sent per operation label by the last run (printed with -s).
+RAN: dict[str, int] = {}
+
+
+def test_without_the_key_every_v1_route_is_401(rest: tuple[str, dict[str, Any]]) -> None:
+    url, spec = rest
+    routes = [(m, p) for p, ops in spec["paths"].items() for m in ops if p.startswith("/v1")]
+    assert routes
+    with httpx.Client(base_url=url) as client:
+        for method, path in routes:
+            answer = client.request(method.upper(), path.replace("{user_id}", "u")
+                                    .replace("{memory_id}", "m"), json={})
+            assert answer.status_code == 401, (method, path, answer.text)
