@@ -21,6 +21,7 @@ import schemathesis
 import uvicorn
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from openai_wire import OpenAIWireServer
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -35,7 +36,7 @@ from hybridmem.server import create_app
 
 KEY = "fuzz-key-0123456789"
 #: Generated requests per operation; schemathesis reports how many ran (see the report).
-EXAMPLES = 25
+EXAMPLES = 20
 #: What every answer must satisfy. ``status_code_conformance`` runs on its own (see below).
 CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
 
@@ -79,10 +80,13 @@ def rest(tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder,
             yield url, app.openapi()
 
 
-def test_no_5xx_and_every_answer_matches_the_schema(rest: tuple[str, dict[str, Any]]) -> None:
-    """Each operation of the schema in turn; every failure is collected (with the request that
-    caused it, shrunk by hypothesis), then reported together."""
-    fuzz(rest, CHECKS)
+@pytest.mark.parametrize("mode", list(schemathesis.GenerationMode), ids=str)
+def test_no_5xx_and_every_answer_matches_the_schema(rest: tuple[str, dict[str, Any]],
+                                                    mode: schemathesis.GenerationMode) -> None:
+    """Each operation of the schema in turn, with requests valid by the schema (positive) and
+    invalid ones (negative); every failure is collected (with the request that caused it, shrunk
+    by hypothesis), then reported together."""
+    fuzz(rest, CHECKS, mode=mode)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -93,7 +97,8 @@ def test_every_status_code_is_documented(rest: tuple[str, dict[str, Any]]) -> No
     fuzz(rest, [status_code_conformance], examples=5)
 
 
-def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EXAMPLES) -> None:
+def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EXAMPLES,
+         mode: schemathesis.GenerationMode = schemathesis.GenerationMode.POSITIVE) -> None:
     url, spec = rest
     headers = {"Authorization": f"Bearer {KEY}"}
     failures: list[str] = []
@@ -101,7 +106,7 @@ def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EX
         operation = result.ok()
         ran = [0]
 
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=examples, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
@@ -110,10 +115,12 @@ def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EX
 
         try:
             check()
+        except Unsatisfiable:  # nothing to get wrong: GET /health has no input to make invalid
+            assert mode is schemathesis.GenerationMode.NEGATIVE and not list(operation.iter_parameters())
         except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - reported below
             failures.append(f"{operation.label}: {exc}"[:3000])
         RAN[operation.label] = ran[0]
-    print(f"schemathesis: {sum(RAN.values())} requests over {len(RAN)} operations: {RAN}")
+    print(f"schemathesis {mode.value}: {sum(RAN.values())} requests over {len(RAN)} operations: {RAN}")
     assert not failures, "\n\n".join(failures)
 
 
@@ -130,3 +137,25 @@ def test_without_the_key_every_v1_route_is_401(rest: tuple[str, dict[str, Any]])
             answer = client.request(method.upper(), path.replace("{user_id}", "u")
                                     .replace("{memory_id}", "m"), json={})
             assert answer.status_code == 401, (method, path, answer.text)
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/v1/users/u/memories", '{"text": "a \\ud800 b"}'),
+    ("POST", "/v1/users/u/memories", '{"text": "fine", "metadata": {"k": "\\udc00"}}'),
+    ("POST", "/v1/users/u/memories", '{"text": "fine", "metadata": {"n": 9007199254740993}}'),
+    ("POST", "/v1/users/u/memories", '{"text": "fine", "metadata": ["a"]}'),
+    ("POST", "/v1/users/u/search", '{"query": "\\ud800"}'),
+    ("POST", "/v1/users/u/search", '{"query": "x", "where": {"a": {"$in": "abc"}}}'),
+    ("POST", "/v1/users/u/search", '{"query": "x", "where": {"$and": [{}]}}'),
+    ("POST", "/v1/users/u/search", '{"query": "x", "where": {"created_at": {"$gt": "no"}}}'),
+    ("POST", "/v1/users/u/context", '{"query": "x", "where": {"a": {"$gt": "a"}}}'),
+    ("POST", "/v1/users/u%E2%80%AE/memories", '{"text": "a bidi user id"}'),
+])
+def test_hostile_json_is_a_422(rest: tuple[str, dict[str, Any]], method: str, path: str,
+                               body: str) -> None:
+    with httpx.Client(base_url=rest[0], headers={"Authorization": f"Bearer {KEY}",
+                                                 "Content-Type": "application/json"}) as c:
+        answer = c.request(method, path, content=body.encode())
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["type"] in ("InvalidInputError", "InvalidUserIdError",
+                                              "RequestValidationError")
