@@ -176,7 +176,7 @@ def import_bundle(stores: Stores, user_id: str, bundle: object, *, embed: Embed,
     if existing and not overwrite:
         raise InvalidInputError(
             f"{len(existing)} memories of the export already exist for this user (e.g. "
-            f"{sorted(existing)[0]!r}); pass overwrite=True to replace them"
+            f"{min(existing)!r}); pass overwrite=True to replace them"
         )
     vectors = [v for start in range(0, len(items), IMPORT_CHUNK)
                for v in embed([i.text for i in items[start : start + IMPORT_CHUNK]])]

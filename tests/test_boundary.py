@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 # -- named cases (each a case of issue 11) --------------------------------------------------------
 
 
-@pytest.mark.parametrize("user_id", ["a\ud800", "a\u202eb", "a\x85", "a\ufffd", "a\u2066b"])
+@pytest.mark.parametrize("user_id", ["a\ud800", "a\u202eb", "a\x85", "a\ufffd", "a\u2066b"])  # noqa: PT014
 def test_bad_user_ids_are_refused(mem: Memory, user_id: str) -> None:
     with pytest.raises(InvalidUserIdError):
         mem.add(user_id, "hello")

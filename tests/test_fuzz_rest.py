@@ -100,32 +100,42 @@ def test_every_status_code_is_documented(rest: tuple[str, dict[str, Any]]) -> No
 def fuzz(rest: tuple[str, dict[str, Any]], checks: list[Any], examples: int = EXAMPLES,
          mode: schemathesis.GenerationMode = schemathesis.GenerationMode.POSITIVE) -> None:
     url, spec = rest
-    headers = {"Authorization": f"Bearer {KEY}"}
     failures: list[str] = []
     for result in schemathesis.openapi.from_dict(spec).get_all_operations():
         operation = result.ok()
-        ran = [0]
-
-        @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        def check(case: Any) -> None:
-            ran[0] += 1
-            case.call_and_validate(base_url=url, headers=headers, checks=checks, timeout=30)
-
+        check = _checker(operation, mode, examples, url=url, checks=checks)
         try:
             check()
         except Unsatisfiable:  # nothing to get wrong: GET /health has no input to make invalid
-            assert mode is schemathesis.GenerationMode.NEGATIVE and not list(operation.iter_parameters())
-        except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - reported below
+            assert mode is schemathesis.GenerationMode.NEGATIVE
+            assert not list(operation.iter_parameters())
+        except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001, F821 - all reported below
             failures.append(f"{operation.label}: {exc}"[:3000])
-        RAN[operation.label] = ran[0]
-    print(f"schemathesis {mode.value}: {sum(RAN.values())} requests over {len(RAN)} operations: {RAN}")
+    counts = {label: n for label, (n,) in RAN.items()}
+    RAN.clear()
+    print(f"schemathesis {mode.value}: {sum(counts.values())} requests over {len(counts)} "
+          f"operations: {counts}")
     assert not failures, "\n\n".join(failures)
 
 
-#: Requests sent per operation label by the last run (printed with -s).
-RAN: dict[str, int] = {}
+def _checker(operation: Any, mode: schemathesis.GenerationMode, examples: int, *, url: str,
+             checks: list[Any]) -> Any:
+    """A hypothesis test sending ``operation``'s generated requests (counted in :data:`RAN`)."""
+    ran = RAN.setdefault(operation.label, [0])
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def check(case: Any) -> None:
+        ran[0] += 1
+        case.call_and_validate(base_url=url, headers=headers, checks=checks, timeout=30)
+
+    return check
+
+
+#: Requests sent per operation label by the running fuzz (printed with -s).
+RAN: dict[str, list[int]] = {}
 
 
 def test_without_the_key_every_v1_route_is_401(rest: tuple[str, dict[str, Any]]) -> None:

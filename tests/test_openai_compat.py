@@ -488,8 +488,7 @@ def test_a_broken_stream_raises_after_its_partial_deltas(openai_server, make_set
     openai_server.script(Reply.broken("broken_stream", "one two three four five six"))
     deltas: list[str] = []
     with pytest.raises(BackendError):
-        for delta in OpenAIChat(make_settings()).stream(HELLO):
-            deltas.append(delta)
+        deltas.extend(OpenAIChat(make_settings()).stream(HELLO))
     assert "".join(deltas).split() == ["one", "two"]  # what arrived before the cut
 
 
