@@ -70,7 +70,7 @@ MetadataValue = Union[str, int, float, bool, None]
 #: Never in an id: C0 and C1 controls, DEL, path separators, bidi controls (they make an id
 #: print as another), the replacement character (what undecodable bytes become), non-characters.
 _FORBIDDEN_USER_ID = re.compile(
-    "[\x00-\x1f\x7f-\x9f/\\\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffd\ufffe\uffff]"
+    "[\x00-\x1f\x7f-\x9f/\\\\\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffd\ufffe\uffff]"
 )
 _FORBIDDEN_ID = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffd\ufffe\uffff]"
