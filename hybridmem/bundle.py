@@ -12,8 +12,9 @@ whole import with :class:`InvalidInputError` naming it, and the user is left as 
 - facts: ``{key: memory id}`` of memories in the bundle that carry that key;
 - graph: a node-link *DiGraph* (``multigraph: true`` and undirected graphs refused) read by the
   graph store's own strict reader, whose evidence names only memories of the bundle;
-- history: events about memories of the bundle only (anything else would be forged), kept as
-  imported, plus one ``import`` event per memory.
+- history: events about memories of the bundle, or of memories the history itself says were
+  deleted (and the user does not have): anything else would be forged. Kept as imported, plus
+  one ``import`` event per memory.
 
 Ids the user already has are refused unless ``overwrite=True``. The imported graph is merged into
 the user's graph (an overwritten memory's old evidence is replaced by the bundle's).
@@ -125,8 +126,9 @@ def check_bundle(user_id: str, bundle: object) -> tuple[list[MemoryItem], list[H
         if memory_id not in by_id or by_id[memory_id].key != key:
             raise InvalidInputError(f"fact {key!r} names {memory_id!r}, not a memory of the "
                                     "export with that key")
-    forged = sorted({e.memory_id for e in parsed.history if e.memory_id not in ids} - {None},
-                    key=str)
+    gone = {e.memory_id for e in parsed.history if e.action in ("delete", "expire")}
+    forged = sorted({e.memory_id for e in parsed.history if e.memory_id not in ids} - gone
+                    - {None}, key=str)
     if forged:
         raise InvalidInputError(f"the export's history names memories it does not hold: "
                                 f"{', '.join(map(str, forged[:5]))}")
@@ -173,6 +175,10 @@ def import_bundle(stores: Stores, user_id: str, bundle: object, *, embed: Embed,
     items, history, graph = check_bundle(user_id, bundle)
     ids = [i.id for i in items]
     existing = {i.id for i in stores.vectors.get(user_id, ids)} if ids else set()
+    deleted = sorted({e.memory_id for e in history if e.memory_id is not None} - set(ids))
+    if deleted and stores.vectors.get(user_id, deleted):
+        raise InvalidInputError("the export's history says memories were deleted that this user "
+                                "still has; refusing the forged events")
     if existing and not overwrite:
         raise InvalidInputError(
             f"{len(existing)} memories of the export already exist for this user (e.g. "

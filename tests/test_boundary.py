@@ -123,7 +123,9 @@ def _broken(bundle: dict[str, Any], how: str) -> dict[str, Any]:
     elif how == "duplicate_id":
         b["memories"].append(dict(b["memories"][0]))
     elif how == "forged_event":
-        b["history"].append({"memory_id": "someone-elses", "action": "delete", "cause": "x"})
+        b["history"].append({"memory_id": "someone-elses", "action": "update", "cause": "x"})
+    elif how == "forged_delete":  # says a memory the user has was deleted
+        b["history"].append({"memory_id": "LIVE", "action": "delete", "cause": "x"})
     elif how == "bad_event":
         b["history"].append({"memory_id": b["memories"][0]["id"], "action": "explode"})
     elif how == "fact_mismatch":
@@ -139,15 +141,16 @@ def _broken(bundle: dict[str, Any], how: str) -> dict[str, Any]:
 
 BROKEN = ["multigraph", "undirected", "first_seen", "confidence", "graph_cites_unknown",
           "late_bad_id", "late_bad_text", "duplicate_id", "forged_event", "bad_event",
-          "fact_mismatch", "memories_not_list", "bad_metadata", "no_format"]
+          "fact_mismatch", "memories_not_list", "bad_metadata", "no_format", "forged_delete"]
 
 
 @pytest.mark.parametrize("how", BROKEN)
 def test_a_bad_bundle_is_refused_whole(mem: Memory, bundle: dict[str, Any], how: str) -> None:
-    mem.add("dst", "Dst already has a memory")
+    live = mem.add("dst", "Dst already has a memory")
     before = _state(mem, "dst")
+    broken = json.loads(json.dumps(_broken(bundle, how)).replace("LIVE", live.id))
     with pytest.raises(InvalidInputError):
-        mem.import_("dst", _broken(bundle, how))
+        mem.import_("dst", broken)
     assert _state(mem, "dst") == before
     mem.add("dst", "Dst lives in Oslo")  # the user still works
     assert mem.search("dst", "Oslo") and mem.context("dst", "Oslo").text
@@ -163,6 +166,15 @@ def test_an_import_keeps_history_and_adds_one_import_event(mem: Memory,
     assert kept <= {e.id for e in history}
     assert mem.facts("dst")[0].key == "tea"
     assert [str(r) for r in mem.relations("dst")] == [str(r) for r in mem.relations("src")]
+
+
+def test_the_history_of_deleted_memories_is_importable(mem: Memory) -> None:
+    gone = mem.add("src", "Soon forgotten")
+    mem.add("src", "Kept")
+    mem.forget("src", gone.id)
+    bundle = json.loads(json.dumps(mem.export("src")))
+    assert mem.import_("dst", bundle) == 1
+    assert [e.action for e in mem.history("dst", gone.id)] == ["add", "delete"]
 
 
 def test_existing_ids_are_refused_unless_overwrite(mem: Memory, bundle: dict[str, Any]) -> None:
