@@ -74,7 +74,7 @@ def turn_requests(messages: object) -> list[dict[str, Any]]:
         if not isinstance(message, Mapping) or "content" not in message:
             raise InvalidInputError("each message needs 'role' and 'content'")
         role = message.get("role", "user")
-        if role not in {"user", "assistant", "system"}:
+        if not isinstance(role, str) or role not in {"user", "assistant", "system"}:
             raise InvalidInputError(f"message role must be user, assistant or system, not {role!r}")
         items.append({"text": message["content"], "kind": "turn", "source": role})
     return items
