@@ -98,7 +98,6 @@ class _Remote:
                 "HYBRIDMEM_BASE_URL at a local OpenAI-compatible server."
             )
         self.host, self._key = _host(url), key
-        self._retries, self._deadline = settings.max_retries, settings.request_deadline
         #: each attempt's timeout, so that every attempt of one call fits in the deadline
         self._attempt_timeout = min(settings.request_timeout,
                                     settings.request_deadline / (settings.max_retries + 1))
@@ -124,7 +123,7 @@ class _Remote:
             raise BackendError(f"{self!r} is closed; create a new one")
         start, outcome = time.perf_counter(), "failed"
         try:
-            yield self._client.with_options(timeout=self._attempt_timeout)
+            yield self._client
             outcome = "ok"
         except passthrough as exc:
             outcome = type(exc).__name__
