@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     chat_model: str = "gpt-4o-mini"
     request_timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
+    request_deadline: float = Field(
+        default=90.0, gt=0,
+        description="Total seconds one endpoint call may take, retries included: each attempt "
+        "gets at most request_deadline / (max_retries + 1), and no retry starts after it.",
+    )
 
     # embeddings
     embedder: Literal["local", "openai", "hash"] = "local"

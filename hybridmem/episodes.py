@@ -6,6 +6,10 @@ as a memory of kind ``"summary"`` through the normal write path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hybridmem.errors import InvalidInputError
 from hybridmem.filters import AllOf, Condition, eq
 from hybridmem.models import AddRequest, MemoryItem
 from hybridmem.protocols import ChatMessage, VectorStore
@@ -14,8 +18,10 @@ __all__ = [
     "MAX_SUMMARY_CHARS",
     "MAX_SUMMARY_TURNS",
     "SUMMARY_PROMPT",
+    "still_unsummarized",
     "summary_messages",
     "summary_request",
+    "turn_requests",
     "unsummarized",
 ]
 
@@ -52,3 +58,23 @@ def summary_request(turns: list[MemoryItem], summary: str) -> AddRequest:
         created_at=turns[-1].created_at,
         metadata={"turns": len(turns), "first_turn": turns[0].id, "last_turn": turns[-1].id},
     )
+
+
+def still_unsummarized(vectors: VectorStore, user_id: str, turns: list[MemoryItem]) -> bool:
+    """True when no summary covering the last of ``turns`` was stored meanwhile."""
+    return any(t.id == turns[-1].id for t in unsummarized(vectors, user_id))
+
+
+def turn_requests(messages: object) -> list[dict[str, Any]]:
+    """Chat messages (``{"role", "content"}``) as the add requests of conversation turns."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise InvalidInputError("messages must be a list of {'role': ..., 'content': ...}")
+    items = []
+    for message in messages:
+        if not isinstance(message, Mapping) or "content" not in message:
+            raise InvalidInputError("each message needs 'role' and 'content'")
+        role = message.get("role", "user")
+        if not isinstance(role, str) or role not in {"user", "assistant", "system"}:
+            raise InvalidInputError(f"message role must be user, assistant or system, not {role!r}")
+        items.append({"text": message["content"], "kind": "turn", "source": role})
+    return items

@@ -1,15 +1,53 @@
 """The typed filter every store seam takes: a small tree of conditions, never a backend's dict.
 
-Callers write filters in the familiar Chroma-like syntax (``{"category": "purchase"}``,
-``{"importance": {"$gte": 0.5}}``, ``{"$or": [...]}``); :func:`parse_where` validates that once, at
+Callers write filters in the familiar Chroma-like syntax; :func:`parse_where` validates that once, at
 the boundary, into :data:`Filter` values, and each store compiles them into its own query language
-(:mod:`hybridmem.vector` for Chroma). The facade builds its own conditions with :func:`eq` and
-:func:`all_of`, so no module above the stores knows how a store spells a filter.
+(:mod:`hybridmem.vector` for Chroma) or evaluates them in Python — with the same meaning on every
+path (a property test checks both return the same ids). The facade builds its own conditions with
+:func:`eq` and :func:`all_of`, so no module above the stores knows how a store spells a filter.
 
-Field names: :data:`SYSTEM_FIELDS` are the memory's own fields (times as epoch seconds under
-``<name>_ts``; ``current``, ``has_key`` and ``text_hash`` are derived); any other name is a key of
-the caller's ``metadata``. A condition on a missing metadata key never matches, except ``$ne`` and
-``$nin``.
+The filter language (``where=`` of ``list``, ``search`` and ``context``; the REST ``where`` field)
+--------------------------------------------------------------------------------------------------
+
+A filter is a JSON object. Each key names a field and maps to a value (equality) or to one
+``{operator: operand}``; several keys are all required::
+
+    {"category": "purchase"}                                   # equality
+    {"importance": {"$gte": 0.5}, "kind": "fact"}              # both must hold
+    {"$or": [{"category": "work"}, {"project": "apollo"}]}     # project: a metadata key
+    {"created_at": {"$gte": "2024-01-01"}}                     # dates as ISO 8601
+    {"kind": {"$in": ["fact", "summary"]}, "source": {"$ne": "assistant"}}
+
+======================  ========================================================================
+Operator                Meaning
+======================  ========================================================================
+``$eq`` / ``$ne``       equal / not equal (a bare value means ``$eq``)
+``$gt`` ``$gte``        greater than (or equal); numbers and dates only
+``$lt`` ``$lte``        less than (or equal); numbers and dates only
+``$in`` / ``$nin``      one of / none of a non-empty list of values of one type (at most 1000)
+``$and`` / ``$or``      every / at least one of a non-empty list of filters
+======================  ========================================================================
+
+**Fields.** The memory's own fields: ``kind``, ``category``, ``source``, ``importance``,
+``confidence``, ``mention_count``, ``access_count``, ``needs_extraction``, ``extractor``, ``key``,
+``superseded_by``, ``current`` (not superseded or invalidated), ``has_key`` (set by ``remember``),
+``text_hash``, and the times ``created_at``, ``updated_at``, ``valid_from``, ``invalid_at``,
+``expires_at``, ``last_accessed_at``. Any other name is a key of the memory's ``metadata`` (letters,
+digits, ``_``, ``.``, ``-``; starting with a letter or ``_``).
+
+**Times.** A time field takes an ISO 8601 date or datetime (``"2024-01-01"``,
+``"2024-01-01T12:00:00+02:00"``; without a zone it is UTC) or epoch seconds. ``<time>_ts`` names
+the same field in epoch seconds (``{"created_at_ts": {"$lt": 1700000000}}``) and takes either form.
+
+**Values.** Strings, numbers and booleans; numbers compare across int and float, booleans and
+strings only with their own kind (``{"n": true}`` does not match ``n: 1``). A condition on a
+metadata key the memory lacks never matches, except ``$ne`` and ``$nin``.
+
+**Refused** with ``InvalidInputError`` (HTTP 422), never silently ignored: unknown operators or
+fields that are neither a memory field nor a valid metadata key, null values, NaN and infinities,
+lists or objects as values, empty or mixed-type ``$in`` lists, ordering on strings or booleans, a
+time that is not ISO 8601, empty ``$and``/``$or`` lists, nesting deeper than 8 levels, more than
+256 conditions, text that is not valid Unicode.
 """
 
 from __future__ import annotations
@@ -17,9 +55,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime, time, timezone
 from typing import Any, Literal, Union
 
 from hybridmem.errors import InvalidInputError
+from hybridmem.models import _METADATA_KEY, as_utc, is_valid_unicode
 
 __all__ = [
     "OPERATORS",
@@ -48,6 +88,11 @@ SYSTEM_FIELDS: frozenset[str] = frozenset(
      "access_count", "needs_extraction", "extractor", "key", "current", "has_key", "text_hash"}
     | {f"{name}_ts" for name in _TIME_FIELDS}
 )
+_TS_FIELDS = frozenset(f"{name}_ts" for name in _TIME_FIELDS)
+#: The memory fields a filter names (times without their ``_ts``), for messages.
+_PUBLIC = (SYSTEM_FIELDS - _TS_FIELDS) | set(_TIME_FIELDS)
+#: Fields stored as floats only (no int record to mis-compare, see :func:`_int_safe`).
+_FLOAT_FIELDS = frozenset({"importance", "confidence"}) | _TS_FIELDS
 #: Deepest nesting of ``$and`` / ``$or`` accepted, and most conditions in one filter.
 MAX_DEPTH = 8
 MAX_CONDITIONS = 256
@@ -149,7 +194,75 @@ def _parse(where: object, depth: int, counter: list[int]) -> Filter | None:
     return parts[0] if len(parts) == 1 else AllOf(tuple(parts))
 
 
-def _condition(key: str, value: object) -> Condition:
+def _field(key: str) -> str:
+    """The stored field a filter key names: ``created_at`` means ``created_at_ts``."""
+    if not is_valid_unicode(key):
+        raise InvalidInputError("a filter field name is not valid Unicode")
+    if key in _TIME_FIELDS:
+        return f"{key}_ts"
+    if key not in SYSTEM_FIELDS and not _METADATA_KEY.match(key):
+        raise InvalidInputError(
+            f"unknown filter field {key!r}: use a memory field ({', '.join(sorted(_PUBLIC))}) "
+            "or a metadata key (letters, digits, '_', '.', '-')"
+        )
+    return key
+
+
+def _epoch(key: str, value: object) -> object:
+    """A time operand as epoch seconds: ISO 8601 strings (naive = UTC) and datetimes converted,
+    numbers kept, anything else left for :func:`_scalar` to judge."""
+    if isinstance(value, datetime):
+        return as_utc(value).timestamp()
+    if isinstance(value, date):
+        return datetime.combine(value, time(), tzinfo=timezone.utc).timestamp()
+    if isinstance(value, str):
+        try:
+            return as_utc(datetime.fromisoformat(value.strip())).timestamp()
+        except ValueError:
+            raise InvalidInputError(
+                f"filter value for {key!r} must be an ISO 8601 time such as '2024-01-01' or "
+                f"'2024-01-01T12:00:00Z', or epoch seconds; got {value[:40]!r}"
+            ) from None
+    return value
+
+
+def _condition(key: str, value: object) -> Filter:
+    """One field's condition; see :func:`_int_safe` for fractional numbers."""
+    return _int_safe(_plain_condition(key, value))
+
+
+def _int_safe(cond: Condition) -> Filter:
+    """``cond`` with fractional number operands spelled so that Chroma agrees with Python.
+
+    Chroma compares a record's *int* value with a float operand truncated to an int (``n: 0``
+    matches ``{"$eq": 0.5}`` and ``{"$in": [0.5]}``; ``{"$lt": 0.5}`` misses it). For an operand
+    ``f`` with a fraction, the truncation ``k`` is the only int it gets wrong, so one equality on
+    ``k`` patches it: ``$eq f`` and ``$ne k`` ... (each patch is a no-op on floats and in Python,
+    where ints compare with ``f`` exactly). ``$in`` / ``$nin`` become ``$or`` / ``$and`` of ``$eq`` /
+    ``$ne``."""
+    values = cond.value if isinstance(cond.value, tuple) else (cond.value,)
+    if cond.field in _FLOAT_FIELDS or not any(_fractional(v) for v in values):
+        return cond
+    if cond.op in ("$in", "$nin"):
+        one: Op = "$eq" if cond.op == "$in" else "$ne"
+        parts = tuple(_int_safe(Condition(cond.field, one, v, cond.metadata)) for v in values)
+        return AnyOf(parts) if cond.op == "$in" else AllOf(parts)
+    f = float(cond.value)  # type: ignore[arg-type]  # a fractional float (checked)
+    k = Condition(cond.field, "$eq", int(f), cond.metadata)  # int() truncates, as Chroma does
+    not_k = Condition(cond.field, "$ne", int(f), cond.metadata)
+    if cond.op == "$eq" or (cond.op == "$gte" and f > 0) or (cond.op == "$lte" and f < 0):
+        return AllOf((cond, not_k))
+    if cond.op == "$ne" or (cond.op == "$gt" and f < 0) or (cond.op == "$lt" and f > 0):
+        return AnyOf((cond, k))
+    return cond
+
+
+def _fractional(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and not value.is_integer()
+
+
+def _plain_condition(key: str, value: object) -> Condition:
+    key = _field(key)
     if isinstance(value, Mapping):
         if len(value) != 1 or next(iter(value)) not in OPERATORS:
             raise InvalidInputError(
@@ -163,12 +276,16 @@ def _condition(key: str, value: object) -> Condition:
             raise InvalidInputError(f"{op} on {key!r} needs a non-empty list of values")
         if len(operand) > MAX_IN_VALUES:
             raise InvalidInputError(f"{op} on {key!r} takes at most {MAX_IN_VALUES} values")
+        if key in _TS_FIELDS:
+            operand = [_epoch(key, v) for v in operand]
         values = tuple(_scalar(key, v) for v in operand)
         if len({_kind(v) for v in values}) > 1:
             raise InvalidInputError(f"{op} on {key!r} needs values of one type")
+        if len({type(v) for v in values}) > 1:  # ints and floats: Chroma wants one type
+            values = tuple(float(v) for v in values)
         checked: Scalar | tuple[Scalar, ...] = values
     else:
-        checked = _scalar(key, operand)
+        checked = _scalar(key, _epoch(key, operand) if key in _TS_FIELDS else operand)
         if op in _ORDERED and _kind(checked) != "number":
             raise InvalidInputError(f"{op} on {key!r} needs a number")
     return Condition(key, op, checked, metadata=key not in SYSTEM_FIELDS)

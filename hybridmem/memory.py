@@ -12,6 +12,7 @@ It holds no rules of its own. Where each concern lives:
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -24,7 +25,7 @@ from hybridmem._dirlock import UserLocks
 from hybridmem.bundle import export_bundle, import_bundle
 from hybridmem.config import Settings
 from hybridmem.context import assemble, build_context
-from hybridmem.errors import ClosedError, InvalidInputError, NotFoundError
+from hybridmem.errors import ClosedError, HybridMemError, InvalidInputError, NotFoundError
 from hybridmem.filters import all_of, eq, memory_filter
 from hybridmem.models import (
     MAX_LIMIT,
@@ -42,6 +43,7 @@ from hybridmem.models import (
     pydantic_message,
     to_request,
     utcnow,
+    validate_memory_id,
     validate_text,
     validate_user_id,
 )
@@ -62,6 +64,7 @@ from hybridmem.write import UsageMeter, Writer
 
 __all__ = ["Memory"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Episodes (summaries) offered to a context, searched separately so they always get a place.
 MAX_CONTEXT_EPISODES = 2
@@ -258,38 +261,46 @@ class Memory:
     def add_messages(
         self, user_id: str, messages: Sequence[Mapping[str, str]], *, infer: bool = True
     ) -> builtins.list[MemoryItem]:
-        """Store conversation turns (``{"role": ..., "content": ...}``) as memories of kind "turn"."""
-        items = []
-        for message in messages:
-            if not isinstance(message, Mapping) or "content" not in message:
-                raise InvalidInputError("each message needs 'role' and 'content'")
-            role = str(message.get("role", "user"))
-            if role not in {"user", "assistant", "system"}:
-                raise InvalidInputError(f"message role must be user, assistant or system, not {role!r}")
-            items.append({"text": message["content"], "kind": "turn", "source": role})
-        stored = self.add_many(user_id, items, infer=infer)
+        """Store conversation turns (``{"role": ..., "content": ...}``) as memories of kind "turn".
+
+        Once the turns are stored this never raises: a failed summary is logged and tried again
+        at the next call."""
+        stored = self.add_many(user_id, episodes.turn_requests(messages), infer=infer)
         every = self.settings.episode_turns
         if infer and every > 0 and self.settings.llm_configured:
             if len(episodes.unsummarized(self._stores.vectors, user_id)) >= every:
-                self.summarize(user_id)
+                try:
+                    self.summarize(user_id)
+                except HybridMemError as exc:
+                    log.warning("summary failed (%s); retried later", type(exc).__name__)
         return stored
 
     def summarize(self, user_id: str) -> MemoryItem | None:
-        """Store a summary episode of the turns since the last one (one LLM call); None when there
-        is nothing new. ``add_messages`` calls this every ``episode_turns`` turns when an endpoint
-        is configured."""
+        """Store a summary episode of the turns since the last one (one LLM call, made outside
+        the user's lock); None when there is nothing new. ``add_messages`` calls this every
+        ``episode_turns`` turns when an endpoint is configured."""
         self._check(user_id)
-        with self._lock(user_id):
-            turns = episodes.unsummarized(self._stores.vectors, user_id)[-episodes.MAX_SUMMARY_TURNS:]
-            if not turns:
-                return None
-            result = self.chat_model.complete(episodes.summary_messages(turns))
-            self._usage.add(result.usage)
-            if not result.text.strip():
+        turns = episodes.unsummarized(self._stores.vectors, user_id)[-episodes.MAX_SUMMARY_TURNS:]
+        if not turns:
+            return None
+        result = self.chat_model.complete(episodes.summary_messages(turns))
+        self._usage.add(result.usage)
+        with self._lock(user_id):  # another call may have summarised these turns meanwhile
+            if not result.text.strip() or not episodes.still_unsummarized(
+                    self._stores.vectors, user_id, turns):
                 return None
             request = episodes.summary_request(turns, result.text)
             (item,) = self._write(user_id, [request], infer=False, cause="summary")
             return item
+
+    def reextract(self, user_id: str) -> int:
+        """Extract entities again, with the configured extractor, from the memories a failing
+        model left marked ``needs_extraction``; returns how many were re-extracted (and unmarked).
+        The model calls run outside the user's lock."""
+        self._check(user_id)
+        results = self._writer.reextract(user_id)
+        with self._lock(user_id):
+            return self._writer.store_reextracted(user_id, results)
 
     def remember(
         self,
@@ -405,9 +416,7 @@ class Memory:
     def get(self, user_id: str, memory_id: str) -> MemoryItem:
         """One memory by id; :class:`NotFoundError` when the user has no such memory."""
         self._check(user_id)
-        if not isinstance(memory_id, str) or not memory_id:
-            raise InvalidInputError("memory_id must be a non-empty string")
-        found = self._stores.vectors.get(user_id, [memory_id])
+        found = self._stores.vectors.get(user_id, [validate_memory_id(memory_id)])
         if not found:
             raise NotFoundError(f"user {user_id!r} has no memory {memory_id!r}")
         return found[0]
@@ -580,11 +589,12 @@ class Memory:
         with self._lock(user_id):
             return export_bundle(self._stores, user_id, embedder=self._embedder.name)
 
-    def import_(self, user_id: str, bundle: Mapping[str, Any]) -> int:
-        """Load an :meth:`export` bundle into ``user_id`` (ids and times kept, re-embedded with the
-        configured embedder). Returns the number of memories loaded."""
+    def import_(self, user_id: str, bundle: Mapping[str, Any], *, overwrite: bool = False) -> int:
+        """Load an :meth:`export` bundle, all or nothing (see :mod:`hybridmem.bundle`); ids the
+        user has are refused unless ``overwrite``. Returns the number of memories loaded."""
         self._check(user_id)
         with self._lock(user_id):
-            count = import_bundle(self._stores, user_id, bundle, embed=self._embed)
+            count = import_bundle(self._stores, user_id, bundle, embed=self._embed,
+                                  overwrite=overwrite)
             self._extras.forget(user_id)
             return count

@@ -26,6 +26,7 @@ from hybridmem.errors import InvalidInputError, InvalidUserIdError
 
 __all__ = [
     "MAX_LIMIT",
+    "MAX_SAFE_INT",
     "MAX_TEXT_CHARS",
     "AddRequest",
     "ChatReply",
@@ -49,6 +50,7 @@ __all__ = [
     "pydantic_message",
     "to_request",
     "utcnow",
+    "validate_memory_id",
     "validate_metadata",
     "validate_text",
     "validate_user_id",
@@ -62,8 +64,19 @@ MAX_LIMIT = 1000
 MAX_USER_ID_CHARS = 256
 MAX_METADATA_KEYS = 64
 
+#: Largest metadata int magnitude: beyond 2**53 a JSON number (and Chroma) loses precision.
+MAX_SAFE_INT = 2**53
 MetadataValue = Union[str, int, float, bool, None]
-_FORBIDDEN_USER_ID = re.compile(r"[\x00-\x1f\x7f/\\]")
+#: Never in an id: C0 and C1 controls, DEL, path separators, bidi controls (they make an id
+#: print as another), the replacement character (what undecodable bytes become), non-characters.
+_FORBIDDEN_USER_ID = re.compile(
+    "[\x00-\x1f\x7f-\x9f/\\\\\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffd\ufffe\uffff]"
+)
+_FORBIDDEN_ID = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffd\ufffe\uffff]"
+)
+#: Longest memory id accepted (ours are 32 hex digits; imports may bring their own).
+MAX_MEMORY_ID_CHARS = 128
 _METADATA_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -84,6 +97,35 @@ def as_utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc)
 
 
+def is_valid_unicode(text: str) -> bool:
+    """False when ``text`` holds a lone surrogate (valid in JSON and Python, not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_unicode(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode, else :class:`InvalidInputError` naming ``what``."""
+    if not is_valid_unicode(text):
+        raise InvalidInputError(f"{what} is not valid Unicode (it holds a lone surrogate)")
+    return text
+
+
+def validate_memory_id(memory_id: object) -> str:
+    """Return ``memory_id`` if it is a plausible id: 1-128 characters of valid Unicode, no
+    controls of any kind (C0, C1, bidi); :class:`InvalidInputError` otherwise."""
+    if not isinstance(memory_id, str) or not memory_id.strip():
+        raise InvalidInputError("memory_id must be a non-empty string")
+    if len(memory_id) > MAX_MEMORY_ID_CHARS:
+        raise InvalidInputError(f"memory_id is longer than {MAX_MEMORY_ID_CHARS} characters")
+    check_unicode(memory_id, "memory_id")
+    if _FORBIDDEN_ID.search(memory_id):
+        raise InvalidInputError("memory_id must not contain control or bidi characters")
+    return memory_id
+
+
 def validate_user_id(user_id: object) -> str:
     """Return ``user_id`` if it is safe to store under; raise :class:`InvalidUserIdError` otherwise.
 
@@ -96,8 +138,12 @@ def validate_user_id(user_id: object) -> str:
         raise InvalidUserIdError("user_id must not be empty or blank")
     if len(user_id) > MAX_USER_ID_CHARS:
         raise InvalidUserIdError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
+    if not is_valid_unicode(user_id):
+        raise InvalidUserIdError("user_id is not valid Unicode (it holds a lone surrogate)")
     if _FORBIDDEN_USER_ID.search(user_id):
-        raise InvalidUserIdError("user_id must not contain '/', '\\' or control characters")
+        raise InvalidUserIdError(
+            "user_id must not contain '/', '\\', control or bidi characters, or U+FFFD"
+        )
     if user_id in {".", ".."} or ".." in user_id:
         raise InvalidUserIdError("user_id must not contain '..'")
     return user_id
@@ -115,15 +161,17 @@ def validate_text(text: object, *, what: str = "text") -> str:
         )
     if "\x00" in text:
         raise InvalidInputError(f"{what} must not contain NUL characters")
-    return text
+    return check_unicode(text, what)
 
 
 def validate_metadata(metadata: object) -> dict[str, MetadataValue]:
     """Return a copy of ``metadata`` if it is a flat dict of JSON scalars with simple keys."""
     if metadata is None:
         return {}
-    if not isinstance(metadata, dict):
-        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(
+            f"metadata must be a mapping of names to JSON scalars, got {type(metadata).__name__}"
+        )
     if len(metadata) > MAX_METADATA_KEYS:
         raise InvalidInputError(f"metadata has more than {MAX_METADATA_KEYS} keys")
     out: dict[str, MetadataValue] = {}
@@ -140,8 +188,17 @@ def validate_metadata(metadata: object) -> dict[str, MetadataValue]:
             )
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidInputError(f"metadata[{key!r}] must be a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and (
+            abs(value) > MAX_SAFE_INT
+        ):
+            raise InvalidInputError(
+                f"metadata[{key!r}] is beyond ±2**53, where numbers lose precision; "
+                "store it as a string"
+            )
         if isinstance(value, str) and len(value) > 2_000:
             raise InvalidInputError(f"metadata[{key!r}] is longer than 2000 characters")
+        if isinstance(value, str):
+            check_unicode(value, f"metadata[{key!r}]")
         out[key] = value
     return out
 
@@ -368,7 +425,9 @@ Text = Annotated[str, AfterValidator(validate_text)]
 #: A flat dict of JSON scalars with simple keys (see :func:`validate_metadata`).
 Metadata = Annotated[dict[str, MetadataValue], BeforeValidator(validate_metadata)]
 #: A category or source label.
-Label = Annotated[str, Field(min_length=1, max_length=64)]
+Label = Annotated[
+    str, Field(min_length=1, max_length=64), AfterValidator(lambda v: check_unicode(v, "label"))
+]
 #: A time; naive times are taken as UTC.
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 

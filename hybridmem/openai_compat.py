@@ -27,6 +27,7 @@ from hybridmem.errors import (
     BackendRateLimitError,
     BackendUnavailableError,
     ConfigError,
+    HybridMemError,
     InvalidInputError,
 )
 from hybridmem.models import Entity, Extraction, Relation, Usage
@@ -97,10 +98,13 @@ class _Remote:
                 "HYBRIDMEM_BASE_URL at a local OpenAI-compatible server."
             )
         self.host, self._key = _host(url), key
+        #: each attempt's timeout, so that every attempt of one call fits in the deadline
+        self._attempt_timeout = min(settings.request_timeout,
+                                    settings.request_deadline / (settings.max_retries + 1))
         self._client: openai.OpenAI | None = openai.OpenAI(  # no I/O until the first request
             base_url=url or OPENAI_BASE_URL,  # never None: the client would read OPENAI_BASE_URL
             api_key=key,
-            timeout=settings.request_timeout,
+            timeout=self._attempt_timeout,
             max_retries=settings.max_retries,
         )
 
@@ -108,7 +112,13 @@ class _Remote:
     def _calling(
         self, op: str, *, passthrough: tuple[type[Exception], ...] = ()
     ) -> Iterator[openai.OpenAI]:
-        """Yield the client; map its errors (except ``passthrough``) and log one INFO line."""
+        """Yield the client; map *every* failure in the block (except ``passthrough`` and our
+        own errors) to a :class:`BackendError` subclass, and log one INFO line.
+
+        The block should read the reply too: a 200 that is not JSON, an HTML page from a proxy or
+        JSON of the wrong shape fails there (as ``ValueError``, ``AttributeError``, ``TypeError``
+        ...), and becomes ``BackendError`` here like any HTTP error.
+        """
         if self._client is None:
             raise BackendError(f"{self!r} is closed; create a new one")
         start, outcome = time.perf_counter(), "failed"
@@ -118,12 +128,22 @@ class _Remote:
         except passthrough as exc:
             outcome = type(exc).__name__
             raise
+        except HybridMemError as exc:  # already ours (a check of the reply's content)
+            outcome = type(exc).__name__
+            raise
         except openai.OpenAIError as exc:
             outcome = type(exc).__name__
             raise map_openai_error(exc, secrets=[self._key]) from exc
         except GeneratorExit:  # a stream abandoned by its reader
             outcome = "abandoned"
             raise
+        except Exception as exc:  # not JSON, not OpenAI-shaped, a broken connection ...
+            outcome = type(exc).__name__
+            raise BackendError(
+                f"the endpoint {self.host} returned a reply that is not an OpenAI "
+                f"{op} reply ({type(exc).__name__}); check HYBRIDMEM_BASE_URL points at the API "
+                "itself, not a proxy or web page"
+            ) from exc
         finally:
             ms = (time.perf_counter() - start) * 1000
             log.info("%s %s model=%s %.0f ms %s", op, self.host, self.model, ms, outcome)
@@ -183,7 +203,8 @@ class OpenAIEmbedder(_Remote):
     def _embed(self, texts: list[str]) -> list[list[float]]:
         with self._calling("embeddings") as client:
             reply = client.embeddings.create(model=self.model, input=texts, encoding_format="float")
-        vectors = [d.embedding for d in sorted(reply.data, key=lambda d: d.index)]
+            data = sorted(reply.data, key=lambda d: int(d.index))
+            vectors = [[float(x) for x in d.embedding] for d in data]
         norms = [math.sqrt(math.fsum(x * x for x in v)) for v in vectors]
         if len(vectors) != len(texts) or not all(math.isfinite(n) and n > 0 for n in norms):
             raise BackendError(f"{self.host} returned missing, zero or non-finite embeddings")
@@ -247,14 +268,23 @@ class OpenAIChat(_Remote):
                 messages=cast(Any, messages),
                 response_format=cast(Any, fmt) if fmt is not None else openai.omit,
             )
-        if not reply.choices:
-            raise BackendError(f"{self.host} returned no choices for {self.model}")
-        text = reply.choices[0].message.content or ""
-        return ChatResult(text=text, usage=_usage(reply.usage), model=reply.model or self.model)
+            if not isinstance(reply.choices, list) or not reply.choices:
+                raise BackendError(f"{self.host} returned no choices for {self.model}")
+            text = reply.choices[0].message.content or ""
+            if not isinstance(text, str):
+                raise BackendError(f"{self.host} returned a non-text reply for {self.model}")
+            model = reply.model if isinstance(reply.model, str) and reply.model else self.model
+            usage = _usage(reply.usage)
+        return ChatResult(text=text, usage=usage, model=model)
 
     def stream(self, messages: Sequence[ChatMessage]) -> Iterator[str]:
-        """The reply as text deltas; usage (if reported) lands in :attr:`last_usage`."""
+        """The reply as text deltas; usage (if reported) lands in :attr:`last_usage`.
+
+        A stream that breaks, or ends before a choice says it finished, raises
+        :class:`BackendError` after the deltas that did arrive (so a caller can show them and
+        then the error)."""
         sent = cast(Any, [dict(m) for m in messages])
+        finished = False
         with self._calling("chat.stream") as client:
             chunks = client.chat.completions.create(
                 model=self.model, messages=sent, stream=True, stream_options={"include_usage": True}
@@ -262,7 +292,14 @@ class OpenAIChat(_Remote):
             with chunks:
                 for chunk in chunks:
                     self.last_usage = _usage(chunk.usage) if chunk.usage else self.last_usage
-                    yield from (c.delta.content for c in chunk.choices if c.delta.content)
+                    for choice in chunk.choices:
+                        finished = finished or choice.finish_reason is not None
+                        if choice.delta.content:
+                            yield str(choice.delta.content)
+            if not finished:
+                raise BackendError(
+                    f"the stream from {self.host} ended before the reply finished; try again"
+                )
 
 
 # -- LLM extraction: the shapes asked for (a JSON schema via pydantic), prompts, tolerant parsing

@@ -442,7 +442,8 @@ class Writer:
                     found = extractor.extract_batch([i.text for i in chunk], speakers)
                 else:
                     found = [extractor.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
-                marked = [i.model_copy(update={"extractor": extractor.name}) for i in chunk]
+                marked = [i.model_copy(update={"extractor": extractor.name,
+                                               "needs_extraction": False}) for i in chunk]
             except BackendError as exc:
                 log.warning("extraction with %s failed (%s); rules used, marked for re-extraction",
                             extractor.name, type(exc).__name__)
@@ -456,6 +457,42 @@ class Writer:
                 self._usage.add(extraction.usage)
             out.extend(zip(marked, found))
         return out
+
+    def reextract(self, user_id: str) -> list[tuple[MemoryItem, Extraction]]:
+        """Extract again the user's current memories marked ``needs_extraction`` (model calls;
+        callers need not hold the user's lock). Returns those that succeeded, unmarked."""
+        if self._extractor is None or self._extractor.name.startswith("rules"):
+            return []
+        marked = self._stores.vectors.list(
+            user_id, where=all_of(eq("needs_extraction", True), eq("current", True)))
+        marked.sort(key=lambda i: (i.created_at, i.id))
+        return [(item, found) for item, found in self.extract(user_id, marked, infer=True)
+                if not item.needs_extraction]
+
+    def store_reextracted(self, user_id: str,
+                          results: Sequence[tuple[MemoryItem, Extraction]]) -> int:
+        """Write :meth:`reextract`'s results (callers hold the user's lock): the graph evidence
+        of each memory is replaced and the mark cleared. Memories deleted, changed or superseded
+        since are skipped. Returns how many were written."""
+        if not results:
+            return 0
+        now = {i.id: i for i in self._stores.vectors.get(user_id, [r[0].id for r in results])}
+        kept = [(item, found) for item, found in results if item.id in now
+                and now[item.id].text == item.text and now[item.id].is_current]
+        if not kept:
+            return 0
+        items = [now[i.id].model_copy(update={"needs_extraction": False,
+                                              "extractor": i.extractor}) for i, _ in kept]
+        ids = [i.id for i in items]
+        # the graph first: if a crash comes between, the marks stay and a new call redoes it
+        self._stores.graph.remove_memory(user_id, ids)
+        self._stores.graph.add_extractions(user_id, [(i.id, f) for i, (_, f) in zip(items, kept)])
+        self._stores.vectors.update(user_id, items)
+        self._stores.history.record(user_id, [
+            HistoryEvent(memory_id=i.id, action="update", cause=f"re-extracted with {i.extractor}")
+            for i in items
+        ])
+        return len(items)
 
     # -- supersession ------------------------------------------------------------------------------
     def _supersede_contradictions(self, user_id: str, plan: WritePlan) -> None:

@@ -31,9 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["OpenAIWireServer", "RecordedRequest", "Reply", "default_responder", "message_text"]
+__all__ = ["FAULTS", "Fault", "OpenAIWireServer", "RecordedRequest", "Reply", "default_responder", "message_text"]
 
 Endpoint = Literal["chat", "embeddings"]
+#: Ways a reply can be broken at the wire (see :meth:`Reply.broken`).
+Fault = Literal["non_json", "html", "wrong_shape", "no_choices", "broken_stream"]
+FAULTS: tuple[Fault, ...] = ("non_json", "html", "wrong_shape", "no_choices", "broken_stream")
 _PATHS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/embeddings": "embeddings"}
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORD = re.compile(r"\w+")
@@ -50,6 +53,7 @@ class Reply:
     delay: float = 0.0
     rejects_json_schema: bool = False
     cut_after: int | None = None
+    fault: Fault | None = None
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -77,6 +81,15 @@ class Reply:
     def invalid_json(cls) -> Reply:
         """Chat content that is not valid JSON, whatever ``response_format`` asked for."""
         return cls(content=INVALID_JSON)
+
+    @classmethod
+    def broken(cls, fault: Fault, content: str | None = None) -> Reply:
+        """A 200 that is not a usable reply: ``non_json`` (a JSON content type, garbage body),
+        ``html`` (a proxy's login page), ``wrong_shape`` (JSON, but not a completion or an
+        embedding list), ``no_choices`` (a completion with ``choices: []``), ``broken_stream``
+        (a stream's first deltas, then the connection drops; a non-stream request gets its
+        headers and half a body)."""
+        return cls(content=content, fault=fault)
 
     @classmethod
     def refuse_json_schema(cls) -> Reply:
@@ -324,6 +337,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(503, "The server is shutting down.")
         elif reply.status >= 400:
             self._error(reply.status, reply.message or _REASONS.get(reply.status, "Error."))
+        elif reply.fault is not None and reply.fault != "broken_stream" or (
+            reply.fault == "broken_stream" and not body.get("stream")
+        ):
+            self._fault(reply.fault, endpoint)
         elif endpoint == "embeddings":
             self._embeddings(wire, body)
         else:
@@ -354,7 +371,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return self._stream(cid, model, content, usage if include_usage else None,
-                                cut_after=reply.cut_after)
+                                cut_after=reply.cut_after,
+                                broken=reply.fault == "broken_stream")
         message = {"role": "assistant", "content": content, "refusal": None}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
         self._json(200, {**_envelope(cid, model, "chat.completion", [choice]), "usage": usage})
@@ -380,9 +398,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._json(200, reply)
 
     def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None,
-                *, cut_after: int | None = None) -> None:
+                *, cut_after: int | None = None, broken: bool = False) -> None:
         """Server-sent events, chunked: role, word deltas, finish, optional usage, ``[DONE]``;
-        with ``cut_after``, the role and that many deltas, then the connection is dropped."""
+        with ``cut_after``, the role and that many deltas, then the connection is dropped; with
+        ``broken``, two deltas and half an event, then the connection is dropped."""
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -398,6 +417,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if cut_after is not None:
             payloads, ending = payloads[: 1 + cut_after], []
             self.close_connection = True
+        if broken:  # the role and first two deltas, then half an event, then the connection drops
+            payloads, ending = [*payloads[:3], b'data: {"id": "chatcmpl-cut", "choi'], []
+            self.close_connection = True
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -407,6 +429,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for data in [*payloads, *ending]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _fault(self, fault: Fault | None, endpoint: Endpoint) -> None:
+        """A broken 200 (see :meth:`Reply.broken`)."""
+        if fault == "html":
+            page = b"<html><head><title>Sign in</title></head><body>Proxy login</body></html>"
+            return self._raw(200, page, "text/html; charset=utf-8")
+        if fault == "non_json":
+            return self._raw(200, b"upstream said: {not json at all", "application/json")
+        if fault == "wrong_shape":
+            return self._json(200, {"result": "fine", "data": "no", "choices": "none"})
+        if fault == "no_choices":
+            envelope = _envelope("chatcmpl-empty", "wire", "chat.completion", [])
+            return self._json(200, {**envelope, "data": []} if endpoint == "embeddings" else envelope)
+        # broken_stream on a plain request: a Content-Length promising more than is sent
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"id": "chatcmpl-cut", "choices": [{"index": 0, "mess')
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _raw(self, status: int, data: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         except OSError:
             self.close_connection = True
 

@@ -6,13 +6,22 @@ import json
 import logging
 import math
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from openai_wire import OpenAIWireServer, Reply, count_tokens, hashed_vector, message_text
+from openai_wire import (
+    FAULTS,
+    OpenAIWireServer,
+    Reply,
+    count_tokens,
+    hashed_vector,
+    message_text,
+)
 
+from hybridmem import Memory
 from hybridmem.config import NO_KEY, Settings
 from hybridmem.errors import (
     BackendAuthError,
@@ -452,3 +461,104 @@ def test_the_wire_server_speaks_the_clients_defaults(openai_server):
     assert openai_server.requests[0].body["encoding_format"] == "base64"
     assert [m.id for m in client.models.list()] == ["gpt-4o-mini", "text-embedding-3-small"]
     client.close()
+
+
+# faults at the seam: every broken reply is a BackendError, and never loses a memory -----------
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_broken_reply_is_a_backend_error(openai_server, make_settings, fault):
+    settings = make_settings()
+    chat, embedder = OpenAIChat(settings), OpenAIEmbedder(settings)
+    openai_server.script(Reply.broken(fault))
+    with pytest.raises(BackendError):
+        chat.complete(HELLO)
+    openai_server.script(Reply.broken(fault))
+    with pytest.raises(BackendError):
+        chat.complete(HELLO, json_schema={"type": "object"})
+    openai_server.script(Reply.broken(fault), endpoint="embeddings")
+    with pytest.raises(BackendError):
+        embedder.embed_batch(["a text"])
+    openai_server.script(Reply.broken(fault))
+    with pytest.raises(BackendError):
+        list(chat.stream(HELLO))
+
+
+def test_a_broken_stream_raises_after_its_partial_deltas(openai_server, make_settings):
+    openai_server.script(Reply.broken("broken_stream", "one two three four five six"))
+    deltas: list[str] = []
+    with pytest.raises(BackendError):
+        deltas.extend(OpenAIChat(make_settings()).stream(HELLO))
+    assert "".join(deltas).split() == ["one", "two"]  # what arrived before the cut
+
+
+def test_a_stream_that_ends_unfinished_is_an_error(openai_server, make_settings):
+    openai_server.script(Reply.broken("no_choices"))
+    with pytest.raises(BackendError, match="ended before the reply finished"):
+        list(OpenAIChat(make_settings()).stream(HELLO))
+
+
+def test_the_deadline_caps_every_attempt_of_a_call(openai_server, make_settings):
+    openai_server.script(Reply.slow(5.0), Reply.slow(5.0), Reply.slow(5.0))
+    chat = OpenAIChat(make_settings(request_timeout=30, max_retries=2, request_deadline=0.9))
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError):
+        chat.complete(HELLO)
+    assert time.monotonic() - started < 3.0  # 3 attempts of 0.3 s plus the client's backoff
+    assert len(openai_server.requests) == 3
+
+
+MEMORY_FAULTS = [Reply.broken(f) for f in FAULTS] + [Reply.error(500), Reply.error(401),
+                                                     Reply.slow(5.0), Reply.invalid_json()]
+
+
+@pytest.mark.parametrize("reply", MEMORY_FAULTS, ids=lambda r: r.fault or str(r.status or r.delay))
+def test_a_failing_extractor_never_loses_the_memory(openai_server, make_settings, embedder,
+                                                    reply):
+    settings = make_settings(extractor="llm", request_timeout=0.5)
+    openai_server.script(reply, reply)  # the extractor asks twice when the first reply is bad
+    with Memory(settings, embedder=embedder) as mem:
+        item = mem.add("ann", "Ann bought a ROG laptop in Berlin")
+        assert item.needs_extraction and item.extractor == "rules"
+        assert mem.get("ann", item.id).needs_extraction
+        assert [h.item.id for h in mem.search("ann", "ROG laptop")] == [item.id]
+        assert mem.entities("ann")  # the rules found something meanwhile
+
+        openai_server.reset()
+        openai_server.script(json.dumps({"entities": [{"name": "ROG laptop", "type": "product"}],
+                                         "relations": [{"subject": "Ann", "predicate": "bought",
+                                                        "object": "ROG laptop"}]}))
+        assert mem.reextract("ann") == 1
+        again = mem.get("ann", item.id)
+        assert not again.needs_extraction and again.extractor == "llm:gpt-4o-mini"
+        assert [str(r) for r in mem.relations("ann")] == ["Ann -bought-> ROG laptop"]
+        assert mem.reextract("ann") == 0
+        assert mem.history("ann", item.id)[-1].cause == "re-extracted with llm:gpt-4o-mini"
+
+
+def test_reextract_keeps_the_mark_while_the_model_still_fails(openai_server, make_settings,
+                                                              embedder):
+    with Memory(make_settings(extractor="llm"), embedder=embedder) as mem:
+        openai_server.script(Reply.broken("html"), Reply.broken("html"))
+        item = mem.add("bo", "Bo lives in Oslo")
+        openai_server.script(Reply.error(503), Reply.error(503))
+        assert mem.reextract("bo") == 0
+        assert mem.get("bo", item.id).needs_extraction
+        assert mem.count("bo") == 1
+
+
+def test_a_failed_summary_never_raises_and_is_retried(openai_server, make_settings, embedder):
+    settings = make_settings(extractor="rules", episode_turns=2)
+    turns = [{"role": "user", "content": "I like green tea"},
+             {"role": "assistant", "content": "Noted, green tea."}]
+    with Memory(settings, embedder=embedder) as mem:
+        openai_server.script(Reply.broken("non_json"))
+        stored = mem.add_messages("cy", turns)
+        assert len(stored) == 2 and mem.count("cy") == 2  # stored, no error, no summary
+        assert mem.list("cy", where={"kind": "summary"}) == []
+
+        openai_server.script("Cy likes green tea.")
+        mem.add_messages("cy", [{"role": "user", "content": "And oolong too"}])
+        (summary,) = mem.list("cy", where={"kind": "summary"})
+        assert summary.text == "Cy likes green tea." and summary.metadata["turns"] == 3
+        assert mem.count("cy") == 4
