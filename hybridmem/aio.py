@@ -356,6 +356,10 @@ class AsyncMemory:
             include_superseded=include_superseded,
         ))
 
+    async def reextract(self, user_id: str) -> int:
+        """Re-extract memories a failing model left marked (see :meth:`Memory.reextract`)."""
+        return await self._write(user_id, partial(self._memory.reextract, user_id))
+
     async def refresh(self, user_id: str) -> None:
         """Catch up with other processes' writes now (see :meth:`Memory.refresh`)."""
         await self._run(partial(self._memory.refresh, user_id))
@@ -433,9 +437,13 @@ class AsyncMemory:
         """Everything of the user as JSON-ready data (see :meth:`Memory.export`)."""
         return await self._write(user_id, partial(self._memory.export, user_id))
 
-    async def import_(self, user_id: str, bundle: Mapping[str, Any]) -> int:
+    async def import_(
+        self, user_id: str, bundle: Mapping[str, Any], *, overwrite: bool = False
+    ) -> int:
         """Load an :meth:`export` bundle into ``user_id`` (see :meth:`Memory.import_`)."""
-        return await self._write(user_id, partial(self._memory.import_, user_id, bundle))
+        return await self._write(
+            user_id, partial(self._memory.import_, user_id, bundle, overwrite=overwrite)
+        )
 
 
 def _next(stream: Iterator[str]) -> object:

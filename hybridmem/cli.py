@@ -313,6 +313,8 @@ def import_cmd(
     args: list[str] = typer.Argument(
         ..., metavar="[USER] PATH", show_default=False,
         help="The default user (optional), then the file."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="An export JSON may replace memories whose ids exist."),
     data_dir: Optional[Path] = DataDirOpt,
 ) -> None:
     """Import memories from JSONL, CSV or an export JSON.
@@ -336,7 +338,7 @@ def import_cmd(
         if not isinstance(user, str):
             raise _fail(f"{path} names no user_id; pass USER", code=2)
         with _memory(data_dir) as mem:
-            count = mem.import_(user, bundle)
+            count = mem.import_(user, bundle, overwrite=overwrite)
         out.print(f"imported {count} memories into {user}", highlight=False, markup=False)
         return
     rows = _rows(path, default_user)
@@ -514,6 +516,15 @@ def serve(
         # uvicorn's access log is off: hybridmem.server logs route templates, not user ids.
         uvicorn.run(create_app(mem, allowed_hosts=hosts), host=host, port=port,
                     log_level=log_level.lower(), access_log=False)
+
+
+@app.command()
+def reextract(user_id: str, data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Extract entities again from the memories a failing model left marked for it."""
+    with _memory(data_dir) as mem:
+        count = mem.reextract(user_id)
+        out.print(f"re-extracted {count} memor{'y' if count == 1 else 'ies'}", highlight=False,
+                  markup=False)
 
 
 MCP_EXTRA = "pip install 'hybridmem[mcp]'"

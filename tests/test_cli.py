@@ -291,3 +291,13 @@ def test_serve_without_the_server_extra_names_it(
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if it were not installed
     output = run(cli, "serve", code=1)
     assert "pip install 'hybridmem[server]'" in output
+
+
+def test_reextract_and_import_overwrite(cli: CliRunner, tmp_path: Path) -> None:
+    assert "re-extracted 0 memories" in run(cli, "reextract", "frank")
+    run(cli, "add", "frank", "I live in Lyon.")
+    out = tmp_path / "frank.json"
+    run(cli, "export", "frank", "-o", str(out))
+    output = run(cli, "import", "frank", str(out), code=1)  # the ids exist already
+    assert "overwrite" in " ".join(output.split())
+    assert "imported 1 memories into frank" in run(cli, "import", "frank", str(out), "--overwrite")
