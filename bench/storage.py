@@ -145,7 +145,7 @@ def bench_crash(trials: int, root: Path) -> dict[str, Any]:
         proc.send_signal(signal.SIGKILL)
         rest, _ = proc.communicate(timeout=120)
         for line in [first, *rest.splitlines()]:
-            if line.startswith("forgot "):
+            if line.startswith("forgetting "):
                 forgotten.add(line.split()[1])
             elif line.strip():
                 acknowledged.update(line.split())

@@ -29,9 +29,9 @@ with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as 
             texts.append(f"I live in Town{n}")  # supersedes the previous town
         items = mem.add_many("crash-user", texts)
         print(" ".join(i.id for i in items), flush=True)
-        if n % 7 == 6:
+        if n % 7 == 6:  # said before it is done: a kill in between may or may not have erased it
+            print("forgetting", items[0].id, flush=True)
             mem.forget("crash-user", items[0].id)
-            print("forgot", items[0].id, flush=True)
 """
 
 
@@ -87,7 +87,7 @@ def test_a_writer_killed_at_random_loses_nothing_acknowledged(tmp_path: Path) ->
         proc.send_signal(signal.SIGKILL)
         rest, _ = proc.communicate(timeout=60)
         for line in [first, *rest.splitlines()]:
-            if line.startswith("forgot "):
+            if line.startswith("forgetting "):
                 forgotten.add(line.split()[1])
             elif line.strip():
                 acknowledged.update(line.split())

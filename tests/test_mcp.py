@@ -129,8 +129,8 @@ async def test_stdio_end_to_end(tmp_path: Path) -> None:
                            query="laptop"))["hits"] == []
 
         bad = await error(session, "add_memory", user_id="../etc", text="x")
-        assert bad == ("InvalidUserIdError: user_id must not contain '/', '\\' or control "
-                       "characters")
+        assert bad.startswith("InvalidUserIdError: user_id must not contain '/', '\\'")
+        assert "Traceback" not in bad
         assert (await error(session, "list_facts", user_id="")).startswith("InvalidUserIdError:")
         assert (await error(session, "search_memories", user_id="u", query="x",
                             limit=0)).startswith("InvalidInputError:")

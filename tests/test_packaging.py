@@ -42,7 +42,8 @@ def test_extras_and_core_dependencies() -> None:
     assert not core & {"fastapi", "uvicorn", "httpx", "matplotlib"}
     assert extras["server"] == {"fastapi", "uvicorn"}
     assert extras["notebooks"] >= {"matplotlib", "ipykernel", "nbclient", "nbformat"}
-    assert extras["all"] == extras["server"] | extras["notebooks"]
+    assert extras["mcp"] == {"mcp"}
+    assert extras["all"] == extras["server"] | extras["notebooks"] | extras["mcp"]
     # The README's test command installs [dev] only: it must hold every extra the tests use.
     assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "hypothesis", "mypy"}
 
