@@ -143,7 +143,8 @@ def bench_crash(trials: int, root: Path) -> dict[str, Any]:
         first = proc.stdout.readline()
         time.sleep(rng.uniform(0.0, 1.5))
         proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=120)
+        rest = proc.stdout.read()  # the same buffered reader as readline (not communicate)
+        proc.wait(timeout=120)
         for line in [first, *rest.splitlines()]:
             if line.startswith("forgetting "):
                 forgotten.add(line.split()[1])

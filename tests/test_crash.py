@@ -76,16 +76,21 @@ def test_a_writer_killed_at_random_loses_nothing_acknowledged(tmp_path: Path) ->
     acknowledged: set[str] = set()
     forgotten: set[str] = set()
     for trial in range(10):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        errors = tmp_path / f"writer-{trial}.err"
+        with errors.open("w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
+                stdout=subprocess.PIPE, stderr=stderr, text=True,
+            )
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the writer is up and has written once
-        assert first, proc.stderr.read() if proc.stderr else ""
+        assert first, errors.read_text()
         time.sleep(rng.uniform(0.0, 1.5))
         proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=60)
+        # read through the same buffered reader as readline (communicate() would bypass it and
+        # drop lines it already holds)
+        rest = proc.stdout.read()
+        proc.wait(timeout=60)
         for line in [first, *rest.splitlines()]:
             if line.startswith("forgetting "):
                 forgotten.add(line.split()[1])
