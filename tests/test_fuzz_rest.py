@@ -8,21 +8,16 @@ missing endpoint.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
 import schemathesis
-import uvicorn
-from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from openai_wire import OpenAIWireServer
+from uvicorn_thread import serve
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -41,27 +36,6 @@ EXAMPLES = 20
 CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
 
 
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yield its base URL
-    (the pattern of tests/test_server.py)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,50 +8,27 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from hybridmem import Memory, Settings, __version__
 from hybridmem.errors import ConfigError
 from hybridmem.offline import LocalEmbedder
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, Reply
+from uvicorn_thread import serve
 
 KEYS = "alpha-key-0123, beta-key-4567"
 BODY_LIMIT = 100_000
 
 
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yield its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @dataclass

@@ -5,17 +5,11 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 import hybridmem
 from hybridmem import Memory, Settings
@@ -23,27 +17,9 @@ from hybridmem.errors import BackendError
 from hybridmem.offline import HashEmbedder
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, Reply
+from uvicorn_thread import serve
 
 
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @pytest.fixture
