@@ -79,7 +79,9 @@ async def amem(settings: Settings) -> AsyncIterator[AsyncMemory]:
 
 # -- the API mirrors Memory --------------------------------------------------------------------------
 def _public(cls: type) -> dict[str, object]:
-    return {n: v for n, v in vars(cls).items() if not n.startswith("_")}
+    """Public attributes, inherited ones included (Memory gets its lifecycle from MemoryBase)."""
+    return {n: v for klass in reversed(cls.__mro__[:-1]) for n, v in vars(klass).items()
+            if not n.startswith("_")}
 
 
 def test_same_public_methods_and_signatures_as_memory() -> None:
