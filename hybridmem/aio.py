@@ -269,9 +269,12 @@ class AsyncMemory:
             importance=importance,
         ))
 
-    async def facts(self, user_id: str, *, category: str | None = None) -> builtins.list[MemoryItem]:
+    async def facts(
+        self, user_id: str, *, category: str | None = None, as_of: datetime | None = None
+    ) -> builtins.list[MemoryItem]:
         """The user's current key facts, by key (see :meth:`Memory.facts`)."""
-        return await self._run(partial(self._memory.facts, user_id, category=category))
+        return await self._run(partial(self._memory.facts, user_id, category=category,
+                                       as_of=as_of))
 
     async def update(
         self,
@@ -349,11 +352,13 @@ class AsyncMemory:
         where: Mapping[str, Any] | None = None,
         category: str | None = None,
         include_superseded: bool = False,
+        min_score: float | None = None,
+        as_of: datetime | None = None,
     ) -> builtins.list[Hit]:
         """Hybrid search (see :meth:`Memory.search`)."""
         return await self._run(partial(
             self._memory.search, user_id, query, limit=limit, where=where, category=category,
-            include_superseded=include_superseded,
+            include_superseded=include_superseded, min_score=min_score, as_of=as_of,
         ))
 
     async def reextract(self, user_id: str) -> int:
@@ -378,11 +383,15 @@ class AsyncMemory:
         category: str | None = None,
         limit: int = 30,
         include_superseded: bool = False,
+        min_score: float | None = None,
+        budgets: Mapping[str, int] | None = None,
+        as_of: datetime | None = None,
     ) -> Context:
         """The best memories for ``query`` within ``max_tokens`` (see :meth:`Memory.context`)."""
         return await self._run(partial(
             self._memory.context, user_id, query, max_tokens=max_tokens, where=where,
             category=category, limit=limit, include_superseded=include_superseded,
+            min_score=min_score, budgets=budgets, as_of=as_of,
         ))
 
     # -- the graph ---------------------------------------------------------------------------------

@@ -102,6 +102,11 @@ class Settings(BaseSettings):
         default="weighted", description="How signals are fused; see hybridmem.ranking."
     )
     graph_hops: int = Field(default=1, ge=0, le=4)
+    min_score: float = Field(
+        default=0.0, ge=0,
+        description="Hits with a fused score below this are left out of search and context "
+        "(0: none is); see the README's 'Score threshold' for the measured scale.",
+    )
 
     # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)
     episode_turns: int = Field(default=20, ge=0)

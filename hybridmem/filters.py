@@ -70,6 +70,7 @@ __all__ = [
     "Filter",
     "Scalar",
     "all_of",
+    "as_of_filter",
     "eq",
     "memory_filter",
     "parse_where",
@@ -140,15 +141,37 @@ def all_of(*filters: Filter | None) -> Filter | None:
 
 
 def memory_filter(
-    where: Mapping[str, Any] | None, *, category: str | None = None, current_only: bool = True
+    where: Mapping[str, Any] | None, *, category: str | None = None, current_only: bool = True,
+    as_of: datetime | None = None,
 ) -> Filter | None:
     """The filter of a list/search call: the caller's ``where``, a category, and (unless
-    superseded memories are wanted) only current memories."""
+    superseded memories are wanted) only current memories — or, with ``as_of``, only the
+    memories that were current at that time (see :func:`as_of_filter`)."""
+    validity: Filter | None
+    if as_of is None:
+        validity = eq("current", True) if current_only else None
+    else:
+        validity = as_of_filter(as_of, valid_only=current_only)
     return all_of(
         parse_where(where),
         eq("category", category) if category is not None else None,
-        eq("current", True) if current_only else None,
+        validity,
     )
+
+
+def as_of_filter(as_of: datetime, *, valid_only: bool = True) -> Filter:
+    """The memories as they stood at ``as_of`` (time travel over the bi-temporal fields).
+
+    A memory existed at ``t`` when it was recorded by then (``created_at <= t``); it was valid at
+    ``t`` when, besides, it had not yet been invalidated: it is still current, or its
+    ``invalid_at`` (the time the memory that superseded it became valid) is after ``t``. With
+    ``valid_only=False`` every memory recorded by ``t`` matches (the past with its own history).
+    Deleted memories are gone for good, and an updated text is shown as it is now."""
+    t = as_utc(as_of).timestamp()
+    recorded = Condition("created_at_ts", "$lte", t)
+    if not valid_only:
+        return recorded
+    return AllOf((recorded, AnyOf((eq("current", True), Condition("invalid_at_ts", "$gt", t)))))
 
 
 def parse_where(where: Mapping[str, Any] | None) -> Filter | None:

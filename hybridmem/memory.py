@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from hybridmem import episodes, policy
 from hybridmem._base import MemoryBase
 from hybridmem.bundle import export_bundle, import_bundle
-from hybridmem.context import assemble, build_context
+from hybridmem.context import assemble, build_context, section_budgets
 from hybridmem.errors import HybridMemError, InvalidInputError, NotFoundError
 from hybridmem.filters import all_of, eq, memory_filter
 from hybridmem.models import (
@@ -38,6 +39,7 @@ from hybridmem.models import (
     MemoryItem,
     UpdateRequest,
     UserStats,
+    as_utc,
     pydantic_message,
     to_request,
     utcnow,
@@ -54,10 +56,21 @@ __all__ = ["Memory"]
 log = logging.getLogger(__name__)
 #: Episodes (summaries) offered to a context, searched separately so they always get a place.
 MAX_CONTEXT_EPISODES = 2
+#: Procedures offered to a context, searched separately like episodes.
+MAX_CONTEXT_PROCEDURES = 3
 #: Key facts offered to a context beyond those the search found.
 MAX_CONTEXT_FACTS = 10
 #: Longest key of :meth:`Memory.remember`.
 MAX_KEY_CHARS = 100
+
+
+def _check_as_of(as_of: object) -> datetime | None:
+    """``as_of`` as an aware UTC time (naive times are UTC), or None."""
+    if as_of is None:
+        return None
+    if not isinstance(as_of, datetime):
+        raise InvalidInputError(f"as_of must be a datetime, got {type(as_of).__name__}")
+    return as_utc(as_of)
 
 
 def _check_limit(limit: object, name: str = "limit") -> int:
@@ -201,11 +214,14 @@ class Memory(MemoryBase):
                                    cause=f"new value for {key!r}")
             return item
 
-    def facts(self, user_id: str, *, category: str | None = None) -> builtins.list[MemoryItem]:
-        """The user's current key facts (see :meth:`remember`), by key."""
+    def facts(
+        self, user_id: str, *, category: str | None = None, as_of: datetime | None = None
+    ) -> builtins.list[MemoryItem]:
+        """The user's current key facts (see :meth:`remember`), by key; with ``as_of``, the
+        values they had at that time."""
         self._check(user_id)
-        where = all_of(eq("has_key", True), eq("current", True),
-                       eq("category", category) if category else None)
+        when = _check_as_of(as_of)
+        where = all_of(eq("has_key", True), memory_filter(None, category=category, as_of=when))
         return sorted(self._stores.vectors.list(user_id, where=where), key=lambda i: i.key or "")
 
     def update(
@@ -332,15 +348,33 @@ class Memory(MemoryBase):
         where: Mapping[str, Any] | None = None,
         category: str | None = None,
         include_superseded: bool = False,
+        min_score: float | None = None,
+        as_of: datetime | None = None,
     ) -> builtins.list[Hit]:
-        """Hybrid search: vector ∪ lexical ∪ graph neighbourhood, fused (see :mod:`ranking`)."""
+        """Hybrid search: vector ∪ lexical ∪ graph neighbourhood, fused (see :mod:`ranking`).
+
+        Hits scoring below ``min_score`` (default: the ``min_score`` setting) are left out.
+        With ``as_of``, the search sees the memory as it stood at that time: memories recorded
+        by then and not yet superseded (all recorded by then with ``include_superseded``), aged
+        and expired as of that time."""
         self._check(user_id)
         validate_text(query, what="query")
         _check_limit(limit)
-        flt = memory_filter(where, category=category, current_only=not include_superseded)
-        hits = self._retriever.search(user_id, query, limit=limit, where=flt)
+        floor = self._min_score(min_score)
+        when = _check_as_of(as_of)
+        flt = memory_filter(where, category=category, current_only=not include_superseded,
+                            as_of=when)
+        hits = self._retriever.search(user_id, query, limit=limit, where=flt, now=when)
+        hits = [h for h in hits if h.score >= floor]
         self._access.note(user_id, [h.item.id for h in hits], utcnow())
         return hits
+
+    def _min_score(self, min_score: float | None) -> float:
+        floor = self.settings.min_score if min_score is None else min_score
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not (
+                math.isfinite(floor) and floor >= 0):
+            raise InvalidInputError(f"min_score must be a finite number >= 0, got {floor!r}")
+        return float(floor)
 
     def refresh(self, user_id: str) -> None:
         """With a Chroma server, catch up with other processes' writes to the user now, instead
@@ -363,27 +397,43 @@ class Memory(MemoryBase):
         category: str | None = None,
         limit: int = 30,
         include_superseded: bool = False,
+        min_score: float | None = None,
+        budgets: Mapping[str, int] | None = None,
+        as_of: datetime | None = None,
     ) -> Context:
         """The best memories for ``query`` packed into at most ``max_tokens`` tokens (exact).
 
-        Sections: key facts (see :meth:`remember`), relations of the top memories, conversation
-        summaries, then memories with their dates (see :func:`hybridmem.context.assemble`). Only
-        currently valid memories are shown unless ``include_superseded``; superseded ones are
-        then labelled as such."""
+        Sections: key facts (see :meth:`remember`), relations of the top memories, procedures,
+        conversation summaries, then memories with their dates (see
+        :func:`hybridmem.context.assemble`). Each section is guaranteed a share of the budget —
+        ``budgets`` names tokens per section (``{"facts": 150, "episodes": 200}``), the others
+        keep :data:`~hybridmem.context.DEFAULT_SHARES` — and what a section leaves unused goes to
+        the others. ``min_score`` and ``as_of`` work as in :meth:`search` (key facts are not
+        search hits: they are shown whatever their score). Only currently valid memories are
+        shown unless ``include_superseded``; superseded ones are then labelled as such."""
         budget = self.settings.context_max_tokens if max_tokens is None else max_tokens
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise InvalidInputError(f"max_tokens must be a positive integer, got {budget!r}")
+        if budgets is not None and not isinstance(budgets, Mapping):
+            raise InvalidInputError("budgets must be a mapping of section names to token counts")
+        section_budgets(budget, budgets)  # refuse a bad budget before any search
         hits = self.search(user_id, query, limit=limit, where=where, category=category,
-                           include_superseded=include_superseded)
-        has_facts, has_episodes = self._extras.of(user_id)
-        facts = self.facts(user_id, category=category)[:MAX_CONTEXT_FACTS] if has_facts else []
+                           include_superseded=include_superseded, min_score=min_score,
+                           as_of=as_of)
+        has_facts, has_episodes, has_procedures = self._extras.of(user_id)
+        facts = self.facts(user_id, category=category, as_of=as_of)[:MAX_CONTEXT_FACTS] \
+            if has_facts else []
+        extra: dict[str, Any] = {"min_score": min_score, "as_of": as_of}
         summaries = self.search(user_id, query, limit=MAX_CONTEXT_EPISODES,
-                                where={"kind": "summary"}) if has_episodes else []
+                                where={"kind": "summary"}, **extra) if has_episodes else []
+        procedures = self.search(user_id, query, limit=MAX_CONTEXT_PROCEDURES,
+                                 where={"kind": "procedure"}, **extra) if has_procedures else []
         relations = self._stores.graph.relations(
             user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]]
         )
-        lines = assemble(hits, facts=facts, relations=relations, episodes=summaries)
-        return build_context(lines, counter=self._counter, max_tokens=budget)
+        lines = assemble(hits, facts=facts, relations=relations, episodes=summaries,
+                         procedures=procedures, as_of=_check_as_of(as_of))
+        return build_context(lines, counter=self._counter, max_tokens=budget, budgets=budgets)
 
     # -- the graph ---------------------------------------------------------------------------------
     def entities(self, user_id: str) -> builtins.list[GraphEntity]:

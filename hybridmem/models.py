@@ -38,10 +38,12 @@ __all__ = [
     "GraphRelation",
     "HistoryEvent",
     "Hit",
+    "Kind",
     "MemoryItem",
     "MetadataValue",
     "Relation",
     "ScoreBreakdown",
+    "Section",
     "Text",
     "UpdateRequest",
     "Usage",
@@ -208,10 +210,16 @@ class _Model(BaseModel):
 
 
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
+#: What a memory is: a fact, a conversation turn, a summary of turns (an episode), or a procedure
+#: (how-to steps that worked, e.g. "to reset the router: hold the button 10 s, then ...").
+Kind = Literal["fact", "turn", "summary", "procedure"]
+#: The sections of a context, in the order they are rendered.
+Section = Literal["facts", "relations", "procedures", "episodes", "memories"]
 
 
 class MemoryItem(_Model):
-    """One stored memory: a fact, a conversation turn or a summary, with its lifecycle fields.
+    """One stored memory: a fact, a conversation turn, a summary or a procedure, with its lifecycle
+    fields.
 
     The lifecycle fields (``valid_from``, ``invalid_at``, ``superseded_by``, ``expires_at``, access
     counters) exist from the start so that dedup, supersession and decay need no migration.
@@ -220,7 +228,7 @@ class MemoryItem(_Model):
     id: str
     user_id: str
     text: str
-    kind: Literal["fact", "turn", "summary"] = "fact"
+    kind: Kind = "fact"
     category: str = "general"
     importance: Unit = 0.5
     confidence: Unit = 1.0
@@ -385,7 +393,7 @@ class Extraction(_Model):
 class ContextLine(_Model):
     """One line of a built context, with the memory it came from and why it was chosen."""
 
-    section: Literal["facts", "relations", "memories", "episodes"]
+    section: Section
     text: str
     memory_id: str | None = None
     why: str = ""
@@ -438,7 +446,7 @@ class AddRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: Text
-    kind: Literal["fact", "turn", "summary"] = "fact"
+    kind: Kind = "fact"
     category: Label = "general"
     importance: Unit = 0.5
     confidence: Unit = 1.0

@@ -60,8 +60,10 @@ class Retriever:
         self._embed = embed
         self.weights = weights_of(settings)
 
-    def search(self, user_id: str, query: str, *, limit: int, where: Filter | None) -> list[Hit]:
-        """The ``limit`` best memories for ``query`` among those matching ``where``."""
+    def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
+               now: datetime | None = None) -> list[Hit]:
+        """The ``limit`` best memories for ``query`` among those matching ``where``; ages and
+        expiry are judged at ``now`` (default: the current time; a past time for ``as_of``)."""
         s, w = self._settings, self.weights
         pool = max(s.candidates, limit)
         items: dict[str, MemoryItem] = {}
@@ -87,7 +89,7 @@ class Retriever:
         missing = [m for m in cands if m not in items]
         if missing:
             items.update((i.id, i) for i in self._stores.vectors.get(user_id, missing, where=where))
-        now = utcnow()
+        now = now or utcnow()
         for memory_id in list(cands):
             item = items.get(memory_id)
             if item is None or (item.expires_at is not None and item.expires_at <= now):
@@ -192,34 +194,37 @@ class AccessLog:
 
 
 class Extras:
-    """Whether a user has key facts / summary episodes, for context(). Each answer costs the
-    vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this process's
+    """Whether a user has key facts / summary episodes / procedures, for context(). Each answer
+    costs the vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this process's
     own writes refresh it at once; another process's new fact or episode shows within the TTL)."""
 
     def __init__(self, stores: Stores) -> None:
         self._stores = stores
-        self._cache: OrderedDict[str, tuple[float, bool, bool]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, bool, bool, bool]] = OrderedDict()
         self._guard = threading.Lock()
 
-    def of(self, user_id: str) -> tuple[bool, bool]:
+    def of(self, user_id: str) -> tuple[bool, bool, bool]:
+        """(has key facts, has summary episodes, has procedures)."""
         now = time.monotonic()
         with self._guard:
             cached = self._cache.get(user_id)
         if cached is not None and cached[0] > now:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         vectors = self._stores.vectors
         has_facts = bool(vectors.list(user_id, where=eq("has_key", True), limit=1))
         has_episodes = bool(vectors.list(user_id, where=eq("kind", "summary"), limit=1))
+        has_procedures = bool(vectors.list(user_id, where=eq("kind", "procedure"), limit=1))
         with self._guard:
-            self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes)
+            self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes, has_procedures)
             self._cache.move_to_end(user_id)
             while len(self._cache) > MAX_EXTRAS:
                 self._cache.popitem(last=False)
-        return has_facts, has_episodes
+        return has_facts, has_episodes, has_procedures
 
     def changed(self, user_id: str, items: Sequence[MemoryItem]) -> None:
-        """Forget the cached answer when a write added or changed a key fact or an episode."""
-        if any(i.key or i.kind == "summary" for i in items):
+        """Forget the cached answer when a write added or changed a key fact, an episode or a
+        procedure."""
+        if any(i.key or i.kind in ("summary", "procedure") for i in items):
             self.forget(user_id)
 
     def forget(self, user_id: str) -> None:

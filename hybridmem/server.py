@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 try:
@@ -116,6 +117,11 @@ class _QueryBody(_Body):
     where: Where | None = None
     category: str | None = None
     include_superseded: bool = False
+    min_score: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False,
+        description="Leave out hits scoring below this (default: the min_score setting).")
+    as_of: datetime | None = Field(
+        default=None, description="The memory as it stood at this time (ISO 8601; no zone: UTC).")
 
 
 class SearchBody(_QueryBody):
@@ -127,6 +133,9 @@ class ContextBody(_QueryBody):
 
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
     limit: Limit = 30
+    budgets: dict[str, Annotated[int, Field(ge=0, le=MAX_CONTEXT_TOKENS)]] | None = Field(
+        default=None, description="Tokens guaranteed to each named section (facts, relations, "
+        "procedures, episodes, memories); the others keep their default share.")
 
 
 class ChatBody(_Body):
@@ -251,7 +260,7 @@ def create_app(
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
         category: str | None = None,
-        kind: Literal["fact", "turn", "summary"] | None = None,
+        kind: Literal["fact", "turn", "summary", "procedure"] | None = None,
         include_superseded: bool = False,
     ) -> list[MemoryItem]:
         """The user's memories, oldest first, optionally of one category and one kind."""
@@ -293,22 +302,25 @@ def create_app(
                                confidence=body.confidence, importance=body.importance)
 
     @v1.get("/facts", tags=["facts"])
-    def facts(user_id: str, category: str | None = None) -> list[MemoryItem]:
-        return memory.facts(user_id, category=category)
+    def facts(user_id: str, category: str | None = None,
+              as_of: datetime | None = None) -> list[MemoryItem]:
+        return memory.facts(user_id, category=category, as_of=as_of)
 
     # -- retrieval
     @v1.post("/search", tags=["retrieval"])
     def search(user_id: str, body: SearchBody) -> list[Hit]:
         """Hybrid search (vector, lexical, graph), each hit with its score breakdown and why."""
         return memory.search(user_id, body.query, limit=body.limit, where=body.where,
-                             category=body.category, include_superseded=body.include_superseded)
+                             category=body.category, include_superseded=body.include_superseded,
+                             min_score=body.min_score, as_of=body.as_of)
 
     @v1.post("/context", tags=["retrieval"])
     def context(user_id: str, body: ContextBody) -> Context:
         """The best memories for ``query`` packed into at most ``max_tokens`` tokens."""
         return memory.context(user_id, body.query, max_tokens=body.max_tokens, where=body.where,
                               category=body.category, limit=body.limit,
-                              include_superseded=body.include_superseded)
+                              include_superseded=body.include_superseded,
+                              min_score=body.min_score, budgets=body.budgets, as_of=body.as_of)
 
     # -- the graph
     @v1.get("/entities", tags=["graph"])
