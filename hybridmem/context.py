@@ -6,11 +6,13 @@ facts the search did not find. :func:`build_context` packs them, counted exactly
 
 Per-section budgets. Each section (facts, relations, procedures, episodes, memories) has a share of
 the budget (:data:`DEFAULT_SHARES` of ``max_tokens``, or the tokens a caller names in
-``budgets``). Packing takes two passes over the candidates in priority order: first each line that
-fits its section's share (and the total), then, in the room that is left, every other line that
-fits. So a section is guaranteed its share when it has lines to fill it — key facts are no longer
-the first thing dropped when the budget is tight — and a share a section cannot use goes to the
-others, best first, instead of being wasted.
+``budgets``). Packing takes three passes: the best line of each section with a share (in
+:data:`RESERVE_ORDER`: the best memory, then a key fact, ...), so a share too small for one line is
+not wasted; then, over the candidates in priority order, each line that fits its section's share;
+then, in the room that is left, every other line that fits. So a section is guaranteed its share
+when it has lines to fill it — key facts are no longer the first thing dropped when the budget is
+tight — and a share a section cannot use goes to the others, best first. A section with a budget
+of 0 gets only what is left at the end.
 
 The whole text, headers, separators and the ``<memory>`` wrapper included, never exceeds
 ``max_tokens``. A line is never cut unless nothing at all fits and the single best memory alone is
@@ -59,6 +61,9 @@ HEADERS: dict[Section, str] = {
 DEFAULT_SHARES: dict[Section, float] = {
     "facts": 0.15, "relations": 0.10, "procedures": 0.15, "episodes": 0.15, "memories": 0.45,
 }
+#: Whose best line is placed first when the budget is tight: the best memory (what the search
+#: ranked first for this query), then a key fact, a procedure, a summary, a relation.
+RESERVE_ORDER: tuple[Section, ...] = ("memories", "facts", "procedures", "episodes", "relations")
 OPEN, CLOSE = "<memory>", "</memory>"
 TRUNCATED = " …[truncated]"
 
@@ -194,13 +199,20 @@ def build_context(
     used = counter.count(f"{OPEN}\n\n{CLOSE}")
     spent: dict[Section, int] = dict.fromkeys(SECTIONS, 0)
     taken: dict[int, str] = {}
-    for reserved in (True, False):
-        for index, (cand, text) in enumerate(lines):
+    firsts = {cand.section: i for i, (cand, _) in reversed(list(enumerate(lines)))}
+    passes = (
+        [firsts[s] for s in RESERVE_ORDER if s in firsts and shares[s] > 0],  # each best line
+        range(len(lines)),  # then each section up to its share
+        range(len(lines)),  # then whatever fits, best first
+    )
+    for number, order in enumerate(passes):
+        for index in order:
+            cand, text = lines[index]
             if index in taken:
                 continue
             cost = costs[index] + (0 if spent[cand.section] else header[cand.section])
             if used + cost > max_tokens or (
-                    reserved and spent[cand.section] + cost > shares[cand.section]):
+                    number == 1 and spent[cand.section] + cost > shares[cand.section]):
                 continue
             taken[index] = text
             spent[cand.section] += cost

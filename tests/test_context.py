@@ -103,3 +103,36 @@ def test_assemble_orders_sections_and_keeps_each_memory_once() -> None:
     assert lines[4].text == "Alice -bought-> ROG laptop"
     superseded = _hit("old", "I live in Paris", invalid_at=datetime(2026, 3, 1, tzinfo=timezone.utc))
     assert line_of(superseded.item) == "[2026-01-02] I live in Paris (superseded 2026-03-01)"
+
+
+budgets = st.dictionaries(
+    st.sampled_from(["memories", "relations", "facts", "episodes", "procedures"]),
+    st.integers(min_value=0, max_value=400),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(candidates, st.integers(min_value=1, max_value=400), budgets)
+def test_budget_is_never_exceeded_whatever_the_shares(
+    counter: TiktokenCounter, cands: list[tuple[str, str]], budget: int, shares: dict[str, int]
+) -> None:
+    ctx = build_context(
+        [ContextCandidate(section, text) for section, text in cands],  # type: ignore[arg-type]
+        counter=counter, max_tokens=budget, budgets=shares,
+    )
+    assert ctx.tokens == counter.count(ctx.text) <= budget
+
+
+def test_each_section_gets_its_share_before_better_lines_of_others(
+    counter: TiktokenCounter,
+) -> None:
+    """Ten memories outrank a key fact; the fact still enters a tight context (its share), and
+    a share nobody uses goes to the memories."""
+    cands = [ContextCandidate("memories", f"memory number {i} about the laptop fan", f"m{i}")
+             for i in range(10)] + [ContextCandidate("facts", "plan: gold", "k1")]
+    ctx = build_context(cands, counter=counter, max_tokens=60)
+    assert [line.memory_id for line in ctx.lines if line.section == "facts"] == ["k1"]
+    assert ctx.lines[0].memory_id == "m0"
+    only = build_context(cands[:10], counter=counter, max_tokens=60)
+    assert sum(line.section == "memories" for line in only.lines) > sum(
+        line.section == "memories" for line in ctx.lines)
