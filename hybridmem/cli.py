@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
@@ -39,6 +40,10 @@ err = Console(stderr=True)
 
 DataDirOpt = typer.Option(None, "--data-dir", help="Where memories live (HYBRIDMEM_DATA_DIR).")
 JsonOpt = typer.Option(False, "--json", help="Print JSON.")
+MinScoreOpt = typer.Option(None, min=0.0, help="Leave out hits scoring below this "
+                           "(default: HYBRIDMEM_MIN_SCORE).")
+AsOfOpt = typer.Option(None, formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+                       help="The memory as it stood at this time (UTC).")
 #: Rows per add_many call of ``hybridmem import`` (one embedding batch each).
 IMPORT_CHUNK = 256
 MESSAGE_ROLES = {"user", "assistant", "system"}
@@ -299,12 +304,13 @@ def add(
     text: str,
     category: str = typer.Option("general", help="Category of the memory."),
     importance: float = typer.Option(0.5, min=0.0, max=1.0),
+    kind: str = typer.Option("fact", help="fact, turn, summary or procedure (how-to steps)."),
     data_dir: Optional[Path] = DataDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Store one memory; prints its id."""
     with _memory(data_dir) as mem:
-        item = mem.add(user_id, text, category=category, importance=importance)
+        item = mem.add(user_id, text, category=category, importance=importance, kind=kind)
         print(item.model_dump_json() if as_json else item.id)
 
 
@@ -364,12 +370,14 @@ def search(
     user_id: str,
     query: str,
     limit: int = typer.Option(5, min=1, max=1000),
+    min_score: Optional[float] = MinScoreOpt,
+    as_of: Optional[datetime] = AsOfOpt,
     data_dir: Optional[Path] = DataDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Hybrid search of a user's memories, with the reason for each hit."""
     with _memory(data_dir) as mem:
-        hits = mem.search(user_id, query, limit=limit)
+        hits = mem.search(user_id, query, limit=limit, min_score=min_score, as_of=as_of)
         if as_json:
             print(json.dumps([h.model_dump(mode="json") for h in hits], indent=2))
         else:
@@ -381,12 +389,21 @@ def context(
     user_id: str,
     query: str,
     max_tokens: int = typer.Option(600, min=1),
+    min_score: Optional[float] = MinScoreOpt,
+    as_of: Optional[datetime] = AsOfOpt,
+    budget: list[str] = typer.Option(
+        [], help="SECTION=TOKENS, a section's share (facts, relations, procedures, episodes, "
+        "memories); repeatable."),
     data_dir: Optional[Path] = DataDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """The token-bounded context that would be sent to the model."""
+    shares = dict(b.partition("=")[::2] for b in budget)
+    if not all(v.strip().isdigit() for v in shares.values()):
+        raise _fail("--budget takes SECTION=TOKENS, e.g. --budget facts=150", code=2)
     with _memory(data_dir) as mem:
-        ctx = mem.context(user_id, query, max_tokens=max_tokens)
+        ctx = mem.context(user_id, query, max_tokens=max_tokens, min_score=min_score,
+                          as_of=as_of, budgets={k.strip(): int(v) for k, v in shares.items()})
         if as_json:
             print(ctx.model_dump_json(indent=2))
         else:

@@ -1,0 +1,40 @@
+"""The CLI faces of min_score, as_of, budgets and procedures (and, below, backups and
+re-embedding): real commands on a real data dir through Typer's runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridmem.cli import app
+
+
+@pytest.fixture()
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("HYBRIDMEM_DATA_DIR", str(tmp_path / "hm"))
+    monkeypatch.setenv("HYBRIDMEM_EMBEDDER", "hash")
+    return CliRunner()
+
+
+def run(cli: CliRunner, *args: str, code: int = 0) -> str:
+    result = cli.invoke(app, list(args))
+    assert result.exit_code == code, (result.exit_code, result.output)
+    return result.output
+
+
+def test_search_and_context_take_min_score_as_of_and_budgets(cli: CliRunner) -> None:
+    run(cli, "add", "u1", "To reset the router: hold reset for 10 seconds.", "--kind", "procedure")
+    run(cli, "add", "u1", "I bought a Nighthawk router.")
+    hits = json.loads(run(cli, "search", "u1", "router reset", "--json"))
+    assert len(hits) == 2
+    assert json.loads(run(cli, "search", "u1", "router reset", "--min-score", "99", "--json")) == []
+    assert json.loads(run(cli, "search", "u1", "router", "--as-of", "2020-01-01", "--json")) == []
+    ctx = json.loads(run(cli, "context", "u1", "router reset", "--budget", "procedures=100",
+                         "--budget", "memories=50", "--json"))
+    assert {"procedures", "memories"} <= {line["section"] for line in ctx["lines"]}
+    assert "Procedures (steps that worked before):" in ctx["text"]
+    run(cli, "context", "u1", "router", "--budget", "facts", code=2)
+    assert "unknown sections" in run(cli, "context", "u1", "router", "--budget", "fact=3", code=1)
