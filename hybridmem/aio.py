@@ -24,6 +24,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -453,6 +454,24 @@ class AsyncMemory:
         return await self._write(
             user_id, partial(self._memory.import_, user_id, bundle, overwrite=overwrite)
         )
+
+    # -- backups and re-embedding ------------------------------------------------------------------
+    async def backup(self, dest: str | Path, *, user_id: str | None = None) -> Path:
+        """Snapshot every user (or one) into ``dest``, keeping the newest ``backup_keep``
+        (see :meth:`Memory.backup`)."""
+        return await self._run(partial(self._memory.backup, dest, user_id=user_id))
+
+    async def restore(self, source: str | Path, *, user_id: str | None = None,
+                      replace: bool = False) -> int:
+        """Bring back the users of a snapshot (see :meth:`Memory.restore`)."""
+        return await self._run(partial(self._memory.restore, source, user_id=user_id,
+                                       replace=replace))
+
+    async def reembed(self, user_id: str | None = None, *,
+                      progress: Callable[[str, int, int], None] | None = None) -> int:
+        """Move memories to the configured embedder (see :meth:`Memory.reembed`); ``progress``
+        is called from a worker thread."""
+        return await self._run(partial(self._memory.reembed, user_id, progress=progress))
 
 
 def _next(stream: Iterator[str]) -> object:

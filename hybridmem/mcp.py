@@ -34,6 +34,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -110,6 +111,10 @@ Messages = Annotated[list[Message], Field(description="Turns in order, oldest fi
 Query = Annotated[str, Field(description="What you are looking for, in plain words.")]
 Limit = Annotated[int, Field(description=f"How many results at most (1 to {MAX_LIMIT}).")]
 CategoryFilter = Annotated[str | None, Field(description="Only this category.")]
+MinScore = Annotated[float | None, Field(
+    description="Leave out hits whose fused score is below this (about 0.4 drops weak matches).")]
+AsOf = Annotated[datetime | None, Field(
+    description="See the memory as it stood at this time (ISO 8601), e.g. before a change.")]
 MaxTokens = Annotated[int | None,
                       Field(description="Token budget of the context; the server default if null.")]
 Key = Annotated[str, Field(description="The fact's name, e.g. city, diet, laptop.")]
@@ -150,16 +155,19 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
         return Memories(memories=await memory.add_messages(user_id, turns))
 
     async def search_memories(user_id: UserId, query: Query, limit: Limit = 10,
-                              category: CategoryFilter = None) -> Hits:
+                              category: CategoryFilter = None, min_score: MinScore = None,
+                              as_of: AsOf = None) -> Hits:
         """Hybrid search of the user's memories (meaning, words and the entity graph), best
         first, each hit with its score and why it matched."""
-        return Hits(hits=await memory.search(user_id, query, limit=limit, category=category))
+        return Hits(hits=await memory.search(user_id, query, limit=limit, category=category,
+                                             min_score=min_score, as_of=as_of))
 
-    async def build_context(user_id: UserId, query: Query,
-                            max_tokens: MaxTokens = None) -> Context:
+    async def build_context(user_id: UserId, query: Query, max_tokens: MaxTokens = None,
+                            min_score: MinScore = None, as_of: AsOf = None) -> Context:
         """The user's key facts, related entities and best memories for ``query``, packed into at
         most ``max_tokens`` tokens: paste ``text`` into your prompt as background."""
-        return await memory.context(user_id, query, max_tokens=max_tokens)
+        return await memory.context(user_id, query, max_tokens=max_tokens, min_score=min_score,
+                                    as_of=as_of)
 
     async def remember_fact(user_id: UserId, key: Key, value: Value,
                             category: Category = "general") -> MemoryItem:
@@ -167,9 +175,10 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
         history as superseded."""
         return await memory.remember(user_id, key, value, category=category)
 
-    async def list_facts(user_id: UserId, category: CategoryFilter = None) -> Memories:
-        """The user's current key facts, by key."""
-        return Memories(memories=await memory.facts(user_id, category=category))
+    async def list_facts(user_id: UserId, category: CategoryFilter = None,
+                         as_of: AsOf = None) -> Memories:
+        """The user's current key facts, by key (or the values they had at ``as_of``)."""
+        return Memories(memories=await memory.facts(user_id, category=category, as_of=as_of))
 
     async def forget(user_id: UserId, memory_id: MemoryId = None,
                      confirm: Confirm = False) -> Forgotten:

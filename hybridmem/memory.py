@@ -15,14 +15,17 @@ from __future__ import annotations
 import builtins
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from hybridmem import episodes, policy
 from hybridmem._base import MemoryBase
+from hybridmem.backup import load_snapshot, write_snapshot
 from hybridmem.bundle import export_bundle, import_bundle
 from hybridmem.context import assemble, build_context, section_budgets
 from hybridmem.errors import HybridMemError, InvalidInputError, NotFoundError
@@ -49,6 +52,7 @@ from hybridmem.models import (
 from hybridmem.protocols import (
     ChatMessage,
 )
+from hybridmem.reembed import chroma_client, reembed_user, stored_users
 from hybridmem.retrieval import GRAPH_SEED_HITS
 
 __all__ = ["Memory"]
@@ -519,3 +523,50 @@ class Memory(MemoryBase):
                                   overwrite=overwrite)
             self._extras.forget(user_id)
             return count
+
+    # -- backups and re-embedding ------------------------------------------------------------------
+    def backup(self, dest: str | Path, *, user_id: str | None = None) -> Path:
+        """Write a snapshot of every user (or one) into the folder ``dest`` and keep the newest
+        ``backup_keep`` there; returns the snapshot's folder. Each user is copied under its lock,
+        while the Memory stays in use (see :mod:`hybridmem.backup`)."""
+        users = [self._check(user_id)] if user_id is not None else stored_users(
+            chroma_client(self._stores.vectors))
+        bundles = ((u, self.export(u)) for u in users)
+        return write_snapshot(Path(dest), bundles, embedder=self._embedder.name,
+                              keep=self.settings.backup_keep)
+
+    def restore(self, source: str | Path, *, user_id: str | None = None,
+                replace: bool = False) -> int:
+        """Bring back the users of a snapshot (``source``: a snapshot folder, or a backup folder
+        for its newest), or only ``user_id``; returns the memories restored. A user who has
+        memories is refused unless ``replace``, which forgets the user's memories first."""
+        snapshot, bundles = load_snapshot(Path(source), user_id=user_id)
+        if not replace:
+            busy = [u for u in snapshot.users if self.count(u)]
+            if busy:
+                raise InvalidInputError(f"{len(busy)} users of the snapshot have memories here "
+                                        f"(e.g. {busy[0]!r}); pass replace=True to replace them")
+        total = 0
+        for user, bundle in bundles:
+            if replace:
+                self.forget(user)
+            total += self.import_(user, bundle)
+        return total
+
+    def reembed(self, user_id: str | None = None, *,
+                progress: Callable[[str, int, int], None] | None = None) -> int:
+        """Move every memory of a user (or of all users) to the configured embedder, and record
+        it as the collection's embedder; resumable after a crash (see :mod:`hybridmem.reembed`).
+        ``progress(user_id, done, total)`` is called after each page. Returns the memories
+        embedded."""
+        client = chroma_client(self._stores.vectors)
+        users = [self._check(user_id)] if user_id is not None else stored_users(client)
+        total = 0
+        for user in users:
+            with self._lock(user):
+                report = None if progress is None else partial(progress, user)
+                total += reembed_user(client, user, embedder=self._embedder.name,
+                                      dimension=self._embedder.dimension, embed=self._embed,
+                                      progress=report)
+        return total
+
