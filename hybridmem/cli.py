@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem import HybridMemError, Hit, Memory, Settings, __version__
+from hybridmem.cli_admin import register as register_admin
 from hybridmem.models import AddRequest, to_request, validate_user_id
 
 HELP = """Long-term memory for LLM apps, from the command line.
@@ -571,6 +572,9 @@ def mcp_command(
     except HybridMemError as exc:
         raise _fail(f"{type(exc).__name__}: {exc}",
                     code=2 if isinstance(exc, ValueError) else 1) from None
+
+
+register_admin(app, _memory, out, err)  # backup, restore, reembed (hybridmem.cli_admin)
 
 
 def main() -> None:

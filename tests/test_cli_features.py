@@ -38,3 +38,23 @@ def test_search_and_context_take_min_score_as_of_and_budgets(cli: CliRunner) -> 
     assert "Procedures (steps that worked before):" in ctx["text"]
     run(cli, "context", "u1", "router", "--budget", "facts", code=2)
     assert "unknown sections" in run(cli, "context", "u1", "router", "--budget", "fact=3", code=1)
+
+
+def test_backup_restore_and_reembed_commands(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(cli, "add", "u1", "I bought a ROG laptop.")
+    run(cli, "add", "u2", "To reset the router: hold reset for 10 s.", "--kind", "procedure")
+    made = json.loads(run(cli, "backup", str(tmp_path / "b"), "--json"))
+    assert sorted(u["user_id"] for u in made["users"]) == ["u1", "u2"]
+    assert "1 users, 1 memories" in run(cli, "backup", str(tmp_path / "b"), "--user", "u1")
+    assert "have memories here" in run(cli, "restore", str(tmp_path / "b"), code=1)
+    fresh = ["--data-dir", str(tmp_path / "fresh")]
+    assert "restored 1 memories" in run(cli, "restore", str(tmp_path / "b"), *fresh)  # newest
+    assert "restored 2 memories" in run(cli, "restore", made["snapshot"], "--replace", *fresh)
+    monkeypatch.setenv("HYBRIDMEM_EMBEDDER", "local")
+    assert "were embedded with 'hash-256'" in run(cli, "search", "u1", "laptop", *fresh, code=1)
+    done = run(cli, "reembed", *fresh)
+    assert "re-embedding u1" in done and "re-embedded 2 memories with all-MiniLM" in done
+    hits = json.loads(run(cli, "search", "u1", "which computer?", "--json", *fresh))
+    assert hits[0]["item"]["text"] == "I bought a ROG laptop."

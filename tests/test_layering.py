@@ -23,6 +23,7 @@ THIRD_PARTY_IO = {"chromadb", "networkx", "sqlite3", "openai", "onnxruntime", "h
 #: value and error modules, the server factory, and the backends a user may hand to Memory —
 #: each only by the names its ``__all__`` lists.
 FACE_MODULES = {"hybridmem", "hybridmem.models", "hybridmem.config", "hybridmem.errors",
+                "hybridmem.cli_admin",
                 "hybridmem.server", "hybridmem.asgi", "hybridmem.mcp", "hybridmem.offline", "hybridmem.lexical",
                 "hybridmem.graph",
                 "hybridmem.vector", "hybridmem.text"}
@@ -67,7 +68,7 @@ def test_pure_modules_import_no_store(name: str) -> None:
 
 
 def _face_sources() -> Iterator[tuple[str, str]]:
-    for name in ("cli.py", "server.py", "mcp.py"):
+    for name in ("cli.py", "cli_admin.py", "server.py", "mcp.py"):
         yield name, (PACKAGE / name).read_text(encoding="utf-8")
     for path in sorted((ROOT / "bench").glob("*.py")):
         yield f"bench/{path.name}", path.read_text(encoding="utf-8")
