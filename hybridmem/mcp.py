@@ -112,7 +112,7 @@ Query = Annotated[str, Field(description="What you are looking for, in plain wor
 Limit = Annotated[int, Field(description=f"How many results at most (1 to {MAX_LIMIT}).")]
 CategoryFilter = Annotated[str | None, Field(description="Only this category.")]
 MinScore = Annotated[float | None, Field(
-    description="Leave out hits whose fused score is below this (about 0.4 drops weak matches).")]
+    description="Leave out hits whose fused score is below this (0.2 drops weak matches).")]
 AsOf = Annotated[datetime | None, Field(
     description="See the memory as it stood at this time (ISO 8601), e.g. before a change.")]
 MaxTokens = Annotated[int | None,
