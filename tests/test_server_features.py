@@ -1,0 +1,40 @@
+"""The REST faces of min_score, as_of, budgets and procedures, over real HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from hybridmem import Memory, Settings
+from hybridmem.offline import HashEmbedder
+from hybridmem.server import create_app
+from uvicorn_thread import serve
+
+
+def test_search_context_and_facts_take_the_new_fields(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    with Memory(settings, embedder=HashEmbedder()) as mem, serve(
+            create_app(mem, api_keys=[])) as url, httpx.Client(base_url=url, timeout=30) as c:
+        base = "/v1/users/u1"
+        assert c.post(f"{base}/memories", json={
+            "text": "To reset the router: hold reset for 10 s.", "kind": "procedure",
+        }).status_code in (200, 201)
+        c.post(f"{base}/facts", json={"key": "plan", "value": "silver"}).raise_for_status()
+        between = c.get(f"{base}/facts").json()[0]["created_at"]
+        c.post(f"{base}/facts", json={"key": "plan", "value": "gold"}).raise_for_status()
+        old = c.get(f"{base}/facts", params={"as_of": between}).json()
+        assert [f["text"] for f in old] == ["plan: silver"]
+        hits = c.post(f"{base}/search", json={"query": "router reset"}).json()
+        assert hits and c.post(f"{base}/search", json={
+            "query": "router reset", "min_score": 99}).json() == []
+        assert c.post(f"{base}/search", json={
+            "query": "router", "as_of": "2020-01-01"}).json() == []
+        ctx = c.post(f"{base}/context", json={
+            "query": "router reset", "budgets": {"procedures": 100, "facts": 20}}).json()
+        assert "procedures" in {line["section"] for line in ctx["lines"]}
+        assert c.get(f"{base}/memories", params={"kind": "procedure"}).json()[0]["kind"] == (
+            "procedure")
+        bad = c.post(f"{base}/context", json={"query": "x", "budgets": {"fact": 3}})
+        assert bad.status_code == 422 and "unknown sections" in bad.text
+        assert c.post(f"{base}/search", json={"query": "x", "min_score": -1}).status_code == 422
