@@ -135,7 +135,9 @@ def assemble(
     return lead + steps + summaries + edges + memories[LEADING_MEMORIES:] + keyed
 
 
-def section_budgets(max_tokens: int, budgets: Mapping[str, int] | None = None) -> dict[Section, int]:
+def section_budgets(
+    max_tokens: int, budgets: Mapping[str, int] | None = None
+) -> dict[Section, int]:
     """Each section's token share: ``budgets[section]`` where given, else its
     :data:`DEFAULT_SHARES` of ``max_tokens``. Unknown sections and negative or non-integer
     budgets are refused with :class:`InvalidInputError`."""

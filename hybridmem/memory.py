@@ -7,7 +7,9 @@ It holds no rules of its own. Where each concern lives:
 - :mod:`hybridmem.write` — the write path (plan, dedup/merge, extraction, apply, supersede);
 - :mod:`hybridmem.retrieval` — hybrid search, access counts, the key-fact/episode cache;
 - :mod:`hybridmem.context` — what enters a context, in what order, within the budget;
-- :mod:`hybridmem.episodes` and :mod:`hybridmem.bundle` — summaries, export and import.
+- :mod:`hybridmem.episodes` and :mod:`hybridmem.bundle` — summaries, export and import;
+- :mod:`hybridmem.backup` and :mod:`hybridmem.reembed` — snapshots with rotation, and moving
+  memories to another embedder.
 """
 
 from __future__ import annotations
@@ -369,7 +371,8 @@ class Memory(MemoryBase):
         flt = memory_filter(where, category=category, current_only=not include_superseded,
                             as_of=when)
         hits = self._retriever.search(user_id, query, limit=limit, where=flt, now=when)
-        hits = [h for h in hits if h.score >= floor]
+        if floor > 0:  # 0 is off: a fused score can be negative (cosine below 0)
+            hits = [h for h in hits if h.score >= floor]
         self._access.note(user_id, [h.item.id for h in hits], utcnow())
         return hits
 

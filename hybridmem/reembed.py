@@ -108,8 +108,9 @@ def reembed_user(
             todo = [i for i, id_ in enumerate(ids) if id_ not in have]
             if todo:
                 docs = [page["documents"][i] or "" for i in todo]
-                staging.upsert(ids=[ids[i] for i in todo], embeddings=embed(docs),  # type: ignore[arg-type]
-                               documents=docs, metadatas=[page["metadatas"][i] for i in todo])
+                vectors: Any = embed(docs)
+                staging.upsert(ids=[ids[i] for i in todo], embeddings=vectors, documents=docs,
+                               metadatas=[page["metadatas"][i] for i in todo])
                 done += len(todo)
             if progress is not None:
                 progress(min(offset + PAGE, total), total)

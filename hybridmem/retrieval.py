@@ -195,8 +195,9 @@ class AccessLog:
 
 class Extras:
     """Whether a user has key facts / summary episodes / procedures, for context(). Each answer
-    costs the vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this process's
-    own writes refresh it at once; another process's new fact or episode shows within the TTL)."""
+    costs the vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this
+    process's own writes refresh it at once; another process's new fact or episode shows within
+    the TTL)."""
 
     def __init__(self, stores: Stores) -> None:
         self._stores = stores
