@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridmem import Memory, Settings
+import pytest
+
+from hybridmem import Memory, Settings, StorageError
 from hybridmem.bundle import IMPORT_FILE
+from hybridmem.graph import NetworkXGraphStore
 
 #: Two bundles over the same memory ids: "alpha" texts about Lyon, "beta" texts about Paris.
 #: The importer loads them in turn, each overwriting the other, until it is killed.
@@ -106,3 +109,31 @@ def test_an_overwriting_import_killed_at_random_is_all_or_nothing(tmp_path: Path
         assert state in allowed, (trial, said[-3:], state)
         previous = state
     assert seen == {"alpha", "beta"}  # the kills landed at different points
+
+
+class _FullDisk(NetworkXGraphStore):
+    """A real graph store whose next graph import fails as a full disk would (once)."""
+
+    fail = True
+
+    def import_graph(self, user_id: str, data: Any) -> None:
+        if self.fail:
+            self.fail = False
+            raise OSError(28, "No space left on device")
+        super().import_graph(user_id, data)
+
+
+def test_a_store_error_midway_is_finished_forward_not_left_half(tmp_path: Path) -> None:
+    data_dir = tmp_path / "hm"
+    bundles = _bundles(tmp_path / "src")
+    with Memory(_settings(data_dir)) as mem:
+        mem.import_("u", bundles["alpha"])
+    graph = _FullDisk(data_dir)
+    with Memory(_settings(data_dir), graph_store=graph) as mem:
+        with pytest.raises(StorageError, match="finished when the data dir is next opened"):
+            mem.import_("u", bundles["beta"], overwrite=True)
+    (folder,) = [p for p in (data_dir / "users").iterdir() if p.is_dir()]
+    assert (folder / IMPORT_FILE).exists()
+    graph.close()
+    with Memory(_settings(data_dir)) as mem:  # opening finishes it: wholly beta
+        assert _state(mem, data_dir) == "beta"
