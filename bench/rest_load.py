@@ -62,10 +62,12 @@ def _load(url: str, clients: int, seconds: float, request: Any) -> dict[str, flo
     """Run ``request(client, i)`` from ``clients`` threads for ``seconds``; rps and latencies."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
+    # Clients are made first: building one is slow on a loaded machine and is not a request.
+    sessions = [httpx.Client(base_url=url, timeout=60) for _ in range(clients)]
     stop = time.monotonic() + seconds
 
     def worker(i: int) -> None:
-        with httpx.Client(base_url=url, timeout=60) as client:
+        with sessions[i] as client:
             n = 0
             while time.monotonic() < stop:
                 started = time.perf_counter()
@@ -88,7 +90,7 @@ def _load(url: str, clients: int, seconds: float, request: Any) -> dict[str, flo
     flat = sorted(x for per in latencies for x in per)
     return {
         "requests": len(flat), "errors": sum(errors), "rps": len(flat) / elapsed,
-        "p50_ms": statistics.median(flat) * 1000,
+        "p50_ms": statistics.median(flat) * 1000 if flat else 0.0,
         "p95_ms": flat[int(len(flat) * 0.95) - 1] * 1000 if flat else 0.0,
     }
 
@@ -128,7 +130,7 @@ def main() -> None:
             def health(client: httpx.Client, i: int, n: int) -> httpx.Response:
                 return client.get("/health")
 
-            _load(url, args.clients, 2.0, context)  # warm-up: models, caches, connections
+            _load(url, args.clients, 5.0, context)  # warm-up: models, caches, connections
             load_before = os.getloadavg()
             results = {
                 "floor_health": _load(url, args.clients, args.seconds, health),
