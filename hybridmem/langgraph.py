@@ -18,7 +18,9 @@ How LangGraph's items map onto memories
   graph with the offline rules, is the value's fields named by ``index`` (LangGraph's ``put``
   argument; by default the whole value as JSON). ``index=False`` stores the item unsearchable
   by ``query`` (still found by ``get``, listing and ``filter``). A new value for a key updates
-  that memory in place (``Memory.update``), ``put(..., None)`` (delete) forgets it.
+  that memory in place (``Memory.update``), ``put(..., None)`` (delete) forgets it. Items are
+  read with superseded memories included: a newer memory contradicting an item's text (hybridmem
+  keeps both, bi-temporally) never hides the item from the store.
 - **Search**: with a ``query``, hybridmem's hybrid search (vector, lexical, graph) ranks the items
   under the namespace prefix and ``SearchItem.score`` is its fused score; without one, items come
   oldest first. ``filter`` matches value fields (``{"kind": "pref"}``, or with ``$eq``, ``$ne``,
@@ -128,7 +130,7 @@ class HybridMemStore(BaseStore):
 
     # -- operations --------------------------------------------------------------------------------
     def _find(self, user: str, path: tuple[str, ...], key: str) -> MemoryItem | None:
-        found = self.memory.list(user, category=CATEGORY, limit=1,
+        found = self.memory.list(user, category=CATEGORY, limit=1, include_superseded=True,
                                  where={"lg.ns": _path(path), "lg.key": key})
         return found[0] if found else None
 
@@ -169,10 +171,12 @@ class HybridMemStore(BaseStore):
         scored: list[tuple[MemoryItem, float | None]]
         if op.query:
             hits = self.memory.search(user, op.query, limit=take, category=CATEGORY,
-                                      where={**where, "lg.indexed": True})
+                                      where={**where, "lg.indexed": True},
+                                      include_superseded=True)
             scored = [(h.item, h.score) for h in hits]
         else:
-            items = self.memory.list(user, category=CATEGORY, where=where or None, limit=take)
+            items = self.memory.list(user, category=CATEGORY, where=where or None, limit=take,
+                                     include_superseded=True)
             scored = [(i, None) for i in items]
         found = [_item(i, SearchItem, score) for i, score in scored]
         if op.filter:
@@ -190,7 +194,8 @@ class HybridMemStore(BaseStore):
         (user,) = users
         seen: set[tuple[str, ...]] = set()
         offset = 0
-        while page := self.memory.list(user, category=CATEGORY, limit=MAX_LIMIT, offset=offset):
+        while page := self.memory.list(user, category=CATEGORY, limit=MAX_LIMIT, offset=offset,
+                                       include_superseded=True):
             offset += len(page)
             for item in page:
                 seen.add((user, *json.loads(str(item.metadata["lg.ns"]))))

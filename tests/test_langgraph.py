@@ -142,3 +142,15 @@ def test_a_missing_extra_names_the_install_command() -> None:
          "import hybridmem.langgraph"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "pip install 'hybridmem[langgraph]'" in done.stderr
+
+
+def test_a_contradicting_item_never_hides_another(mem: Memory, unique_user: str) -> None:
+    """hybridmem supersedes "I live in Lyon" with "I live in Paris"; the store still has both."""
+    store = HybridMemStore(mem)
+    home = (unique_user, "home")
+    store.put(home, "2023", {"text": "I live in Lyon"}, index=["text"])
+    store.put(home, "2024", {"text": "I live in Paris"}, index=["text"])
+    assert store.get(home, "2023") is not None and store.get(home, "2024") is not None
+    assert {i.key for i in store.search(home, query="where do I live?")} == {"2023", "2024"}
+    store.put(home, "2023", {"text": "I live in Lyon, near the river"}, index=["text"])
+    assert len(store.search(home)) == 2  # the put updated the one item, made no second
