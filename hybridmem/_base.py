@@ -29,6 +29,7 @@ from hybridmem.protocols import (
     TokenCounter,
     VectorStore,
 )
+from hybridmem.bundle import recover_imports
 from hybridmem.retrieval import AccessLog, Extras, Retriever
 from hybridmem.write import UsageMeter, Writer
 
@@ -77,6 +78,7 @@ class MemoryBase:
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
         )
         self._writer.recover()  # batches a crash left half-written, before anything else
+        recover_imports(s.data_dir, self._stores, embed=self._embed)  # and imports
         self._retriever = Retriever(s, self._stores, embed=self._embed)
         self._access = AccessLog(self._stores, self._lock)
         self._extras = Extras(self._stores)

@@ -12,8 +12,10 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+import anyio
 
 try:
     from fastapi import FastAPI
@@ -29,7 +31,7 @@ from hybridmem.errors import HybridMemError
 from hybridmem.models import pydantic_message
 
 __all__ = [
-    "API_PREFIX", "BodyLimitMiddleware", "GateMiddleware", "LogMiddleware", "error_body", "error_response",
+    "API_PREFIX", "AdmissionMiddleware", "BodyLimitMiddleware", "GateMiddleware", "LogMiddleware", "error_body", "error_response",
     "install_error_handlers", "sse",
 ]
 
@@ -39,13 +41,14 @@ log = logging.getLogger("hybridmem.server")
 API_PREFIX = "/v1"
 
 
-def sse(first: str | None, rest: Iterator[str]) -> Iterator[str]:
+async def sse(first: str | None, rest: AsyncIterator[str]) -> AsyncIterator[str]:
     """Server-sent events: ``data: {"delta": ...}`` per piece, ``data: [DONE]`` at the end; an error
-    in mid-stream becomes one ``event: error`` with the usual error object, and no ``[DONE]``."""
+    in mid-stream becomes one ``event: error`` with the usual error object, and no ``[DONE]``.
+    ``first`` is the piece the route already pulled (None: the reply was empty)."""
     try:
         if first is not None:
             yield _event({"delta": first})
-            for delta in rest:
+            async for delta in rest:
                 yield _event({"delta": delta})
     except HybridMemError as exc:
         log.warning("chat stream failed: %s", type(exc).__name__)
@@ -208,6 +211,39 @@ class GateMiddleware:
                               [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """At most ``max_inflight`` requests under ``prefix`` run at once (a streaming reply counts
+    until it ends). A request that finds no free slot within ``wait`` seconds is answered 503 with
+    ``Retry-After`` before any of it ran — its body is not even read — so the client may retry it
+    unchanged. Requests that did start are never cut: see :mod:`hybridmem.server`."""
+
+    def __init__(self, app: ASGIApp, *, max_inflight: int, wait: float, prefix: str) -> None:
+        self.app, self.prefix, self.wait, self.max = app, prefix, wait, max_inflight
+        self.slots = anyio.Semaphore(max_inflight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or not (path == self.prefix
+                                           or path.startswith(self.prefix + "/")):
+            await self.app(scope, receive, send)
+            return
+        admitted = False
+        with anyio.move_on_after(self.wait):
+            await self.slots.acquire()
+            admitted = True
+        if not admitted:
+            log.warning("%s %s refused: %d requests in flight for %.1fs", scope["method"],
+                        _template(scope), self.max, self.wait)
+            await _send_error(send, 503, "ServerBusy",
+                              "the service is busy; nothing of this request ran: retry it later",
+                              [(b"retry-after", b"1")])
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.release()
 
 
 class BodyLimitMiddleware:

@@ -18,20 +18,34 @@ whole import with :class:`InvalidInputError` naming it, and the user is left as 
 
 Ids the user already has are refused unless ``overwrite=True``. The imported graph is merged into
 the user's graph (an overwritten memory's old evidence is replaced by the bundle's).
+
+All or nothing, across a crash too: once the bundle is checked, embedded and merged, everything the
+import will write — the memories, the user's whole graph after the import, the history events with
+their ids — is written to ``users/<hash>/import.json`` (temp file, fsync, rename: the commit point)
+before any store is touched, and removed after the last. A process killed before the rename left
+the user as it was; killed after it, the next :class:`~hybridmem.Memory` on the data dir finishes
+the import before anything else (:func:`recover_imports`) — re-embedding the texts, since every
+step is idempotent (upsert, index replacing the same id, the graph replaced whole, history events
+inserted once by id). So the user is either wholly before or wholly after the import, never half
+overwritten. A store *error* (not a crash) midway leaves the file too and raises
+:class:`StorageError`: the import is finished at the next open, or by the next import of that user.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hybridmem._files import atomic_write_bytes, user_dir
 from hybridmem._graphio import graph_from, node_link, refresh_edge
 from hybridmem.backends import Stores
-from hybridmem.errors import InvalidInputError
+from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import (
     HistoryEvent,
     MemoryItem,
@@ -43,8 +57,10 @@ from hybridmem.models import (
     validate_text,
 )
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "MAX_IMPORT", "Bundle", "export_bundle",
-           "import_bundle"]
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "IMPORT_FILE", "MAX_IMPORT", "Bundle",
+           "ImportIntent", "export_bundle", "import_bundle", "recover_imports"]
+
+log = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "hybridmem-export"
 EXPORT_VERSION = 1
@@ -52,6 +68,8 @@ EXPORT_VERSION = 1
 IMPORT_CHUNK = 256
 #: Most memories (and history events) one bundle may hold.
 MAX_IMPORT = 100_000
+#: The import in flight of a user, in its folder (see the module docstring).
+IMPORT_FILE = "import.json"
 Embed = Callable[[Sequence[str]], list[list[float]]]
 
 
@@ -75,6 +93,17 @@ class Bundle(BaseModel):
                 if value is not None:
                     check_unicode(value, "a history event")
         return events
+
+
+class ImportIntent(BaseModel):
+    """Everything one import writes, journaled before the first store is touched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str
+    items: list[MemoryItem]
+    graph: dict[str, Any] | None = None  # the user's whole graph after the import (node-link)
+    events: list[HistoryEvent]
 
 
 def export_bundle(stores: Stores, user_id: str, *, embedder: str) -> dict[str, Any]:
@@ -167,11 +196,12 @@ def _check_graph(data: Mapping[str, Any] | None, ids: set[str]) -> nx.DiGraph[st
     return graph
 
 
-def import_bundle(stores: Stores, user_id: str, bundle: object, *, embed: Embed,
+def import_bundle(stores: Stores, user_id: str, bundle: object, *, embed: Embed, data_dir: Path,
                   overwrite: bool = False) -> int:
     """Load a bundle into ``user_id``; returns the number of memories loaded. Everything is
-    validated and embedded before anything is written (see the module docstring); a store that
-    fails midway has the memories this import added removed again."""
+    validated, embedded and merged before anything is written, then journaled and written (see
+    the module docstring). Call it holding the user's lock."""
+    recover_imports(data_dir, stores, embed=embed, user_id=user_id)  # an earlier one first
     items, history, graph = check_bundle(user_id, bundle)
     ids = [i.id for i in items]
     existing = {i.id for i in stores.vectors.get(user_id, ids)} if ids else set()
@@ -186,37 +216,99 @@ def import_bundle(stores: Stores, user_id: str, bundle: object, *, embed: Embed,
         )
     vectors = [v for start in range(0, len(items), IMPORT_CHUNK)
                for v in embed([i.text for i in items[start : start + IMPORT_CHUNK]])]
-    merged = _merged_graph(stores, user_id, graph, existing) if graph is not None else None
     now = utcnow()
-    events = [*history, *(HistoryEvent(memory_id=i.id, action="import", at=now,
-                                       cause="imported from an export") for i in items)]
+    intent = ImportIntent(
+        user_id=user_id, items=items,
+        graph=_merged_graph(stores, user_id, graph, existing) if graph is not None else None,
+        events=[*history, *(HistoryEvent(memory_id=i.id, action="import", at=now,
+                                         cause="imported from an export") for i in items)],
+    )
+    path = user_dir(data_dir, user_id) / IMPORT_FILE
+    atomic_write_bytes(path, intent.model_dump_json().encode("utf-8"))  # the commit point
     try:
-        for start in range(0, len(items), IMPORT_CHUNK):
-            chunk = items[start : start + IMPORT_CHUNK]
-            stores.vectors.upsert(user_id, chunk, vectors[start : start + IMPORT_CHUNK])
-            stores.lexical.add(user_id, [i.id for i in chunk], [i.text for i in chunk])
-        if merged is not None:
-            stores.graph.import_graph(user_id, merged)
-        stores.history.record(user_id, events)
-    except Exception:
-        fresh = [i for i in ids if i not in existing]
-        stores.vectors.delete(user_id, fresh)
-        stores.lexical.delete(user_id, fresh)
-        raise
+        _write(stores, intent, vectors)
+    except Exception as exc:
+        raise StorageError(
+            f"an import into this user stopped midway ({type(exc).__name__}: {exc}); it is "
+            "recorded and is finished when the data dir is next opened, or by the next import "
+            "into this user"
+        ) from exc
+    path.unlink(missing_ok=True)
     return len(items)
+
+
+def _write(stores: Stores, intent: ImportIntent, vectors: Sequence[list[float]]) -> None:
+    """Every store write of an import; each is idempotent, so recovery may repeat them."""
+    user_id, items = intent.user_id, intent.items
+    for start in range(0, len(items), IMPORT_CHUNK):
+        chunk = items[start : start + IMPORT_CHUNK]
+        stores.vectors.upsert(user_id, chunk, vectors[start : start + IMPORT_CHUNK])
+        stores.lexical.add(user_id, [i.id for i in chunk], [i.text for i in chunk])
+    if intent.graph is not None:
+        stores.graph.import_graph(user_id, intent.graph)
+    stores.history.record(user_id, intent.events)
+
+
+def recover_imports(data_dir: Path, stores: Stores, *, embed: Embed,
+                    user_id: str | None = None) -> int:
+    """Finish the imports a crash (or a store error) left journaled — every user's, or only
+    ``user_id``'s; returns how many. Call before anything else reads or writes those users."""
+    users = data_dir / "users"
+    paths = ([user_dir(data_dir, user_id, create=False) / IMPORT_FILE] if user_id is not None
+             else sorted(users.glob(f"*/{IMPORT_FILE}")))
+    found = 0
+    for path in paths:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            intent = ImportIntent.model_validate_json(raw)
+        except ValidationError as exc:
+            raise CorruptStateError(
+                f"the unfinished import {path} cannot be read ({exc}); move it away to drop "
+                "it (the user then keeps what that import had written)") from exc
+        log.warning("finishing an import of %d memories that was interrupted", len(intent.items))
+        texts = [i.text for i in intent.items]
+        vectors = [v for start in range(0, len(texts), IMPORT_CHUNK)
+                   for v in embed(texts[start : start + IMPORT_CHUNK])]
+        _write(stores, intent, vectors)
+        path.unlink(missing_ok=True)
+        found += 1
+    return found
 
 
 def _merged_graph(stores: Stores, user_id: str, graph: nx.DiGraph[str],
                   replaced: set[str]) -> dict[str, Any]:
-    """The user's graph with ``graph`` merged in (as node-link): evidence of ``replaced``
-    memories is dropped from the user's side first."""
+    """The user's graph with ``graph`` merged in (as node-link). Evidence of ``replaced``
+    memories is dropped from the *whole* user graph first — edges left without evidence and
+    nodes left without memories or edges go, as when the graph store removes a memory — so an
+    overwrite leaves nothing of what the old texts said."""
     mine = graph_from(stores.graph.export(user_id))
+    if replaced:
+        for u, v, edge in list(mine.edges(data=True)):
+            cited: dict[str, dict[str, float]] = edge["evidence"]
+            for predicate in list(cited):
+                for memory_id in replaced & cited[predicate].keys():
+                    del cited[predicate][memory_id]
+                if not cited[predicate]:
+                    del cited[predicate]
+            refresh_edge(edge)
+            if not cited:
+                mine.remove_edge(u, v)
+        for key in list(mine.nodes):
+            node = mine.nodes[key]
+            if node["memory_ids"] & replaced:
+                node["memory_ids"] = node["memory_ids"] - replaced
+                node["mentions"] = len(node["memory_ids"])
+                if not node["memory_ids"] and mine.degree(key) == 0:
+                    mine.remove_node(key)
     for key, attrs in graph.nodes(data=True):
         if key not in mine:
             mine.add_node(key, **attrs)
             continue
         node = mine.nodes[key]
-        node["memory_ids"] = (node["memory_ids"] - replaced) | attrs["memory_ids"]
+        node["memory_ids"] = node["memory_ids"] | attrs["memory_ids"]
         node["aliases"] = node["aliases"] | attrs["aliases"]
         node["mentions"] = len(node["memory_ids"])
         node["first_seen"] = _earliest(node["first_seen"], attrs["first_seen"])
@@ -227,13 +319,8 @@ def _merged_graph(stores: Stores, user_id: str, graph: nx.DiGraph[str],
             mine.add_edge(u, v, **attrs)
             continue
         evidence = mine.edges[u, v]["evidence"]
-        for support in evidence.values():
-            for memory_id in replaced & support.keys():
-                del support[memory_id]
         for predicate, support in attrs["evidence"].items():
             evidence.setdefault(predicate, {}).update(support)
-        for predicate in [p for p, s in evidence.items() if not s]:
-            del evidence[predicate]
         refresh_edge(mine.edges[u, v])
     return node_link(mine)
 

@@ -523,7 +523,7 @@ class Memory(MemoryBase):
         self._check(user_id)
         with self._lock(user_id):
             count = import_bundle(self._stores, user_id, bundle, embed=self._embed,
-                                  overwrite=overwrite)
+                                  data_dir=self.settings.data_dir, overwrite=overwrite)
             self._extras.forget(user_id)
             return count
 

@@ -1,4 +1,4 @@
-"""The REST service: ``create_app(memory)`` returns a FastAPI app over one :class:`Memory`.
+"""The REST service: ``create_app(memory)`` returns a FastAPI app over one memory.
 
 Every ``/v1`` route is scoped by user (``/v1/users/{user_id}/...``), mirrors one ``Memory`` method
 (its operation id is the route function's name) and needs ``Authorization: Bearer <key>`` when keys
@@ -6,15 +6,28 @@ are configured (``HYBRIDMEM_SERVER_API_KEY``, comma-separated for several). Ever
 ``{"error": {"type": "<ClassName>", "message": "..."}}``, mapped by exception class through
 ``HybridMemError.status_code``; request validation errors (422) add FastAPI's ``detail`` list.
 
-Endpoints are plain ``def``: FastAPI runs them in its thread pool, because :class:`Memory` blocks
-(embedding, Chroma) and is thread-safe. Pure ASGI middlewares check the Host header (against DNS
-rebinding), the key and the body size (413) before any body is parsed, and log one INFO line per
-request: method, route *template* (never a user id, key or memory text), status and milliseconds
-(all in :mod:`hybridmem.asgi`).
-Each request's work is bounded: a body of at most ``max_body_bytes``, at most ``MAX_BATCH``
-memories or turns, ``limit`` at most ``MAX_LIMIT``, ``max_tokens`` at most ``MAX_CONTEXT_TOKENS``,
-a graph path at most ``MAX_PATH_DEPTH`` hops. ``/docs`` and ``/redoc`` are off (their pages load
-assets from a CDN); the schema is at ``/openapi.json``.
+Endpoints are ``async def`` and await an :class:`~hybridmem.AsyncMemory` (``create_app`` wraps a
+plain :class:`Memory` in one): the blocking work runs in its bounded worker threads, writes of one
+user queue behind each other on an async per-user gate without holding a thread, and no request
+holds a lock another user's request needs. Streaming chat is the async iterator
+:meth:`AsyncMemory.chat_stream` framed as server-sent events.
+
+Pure ASGI middlewares check the Host header (against DNS rebinding), the key, admission and the
+body size (413) before any body is parsed, and log one INFO line per request: method, route
+*template* (never a user id, key or memory text), status and milliseconds (all in
+:mod:`hybridmem.asgi`).
+
+Each request's work is bounded: a body of at most ``max_body_bytes`` (so the text of one request
+is too), at most ``MAX_BATCH`` memories or turns, ``limit`` at most ``MAX_LIMIT``, ``max_tokens`` at
+most ``MAX_CONTEXT_TOKENS``, a graph path at most ``MAX_PATH_DEPTH`` hops, and every model call
+within the ``request_deadline`` setting. At most ``max_inflight`` ``/v1`` requests run at once; one
+that cannot start within ``queue_timeout`` seconds is answered 503 with ``Retry-After`` before any
+of it ran, so it can be retried unchanged. Running requests are not cut at a deadline: their work
+runs in threads, and a write stopped halfway is worse than a late answer.
+
+``/docs`` (Swagger UI) and ``/redoc`` load their scripts and styles from this service, from the
+files the ``fastapi-offline`` package ships (part of the ``server`` extra), never from a CDN; the
+schema is at ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -29,13 +42,15 @@ try:
     from fastapi.responses import StreamingResponse
     from fastapi.routing import APIRoute
     from fastapi.security import HTTPBearer
+    from fastapi_offline import FastAPIOffline
 except ImportError as exc:  # pragma: no cover
     raise ImportError("the REST service needs: pip install 'hybridmem[server]'") from exc
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybridmem import Memory
+from hybridmem import AsyncMemory, Memory
 from hybridmem.asgi import (
     API_PREFIX,
+    AdmissionMiddleware,
     BodyLimitMiddleware,
     GateMiddleware,
     LogMiddleware,
@@ -59,7 +74,7 @@ from hybridmem.models import (
     UserStats,
 )
 
-__all__ = ["LOOPBACK_HOSTS", "create_app"]
+__all__ = ["DOCS_ASSETS_URL", "DOCS_URL", "LOOPBACK_HOSTS", "REDOC_URL", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +87,8 @@ MAX_PATH_DEPTH = 4
 #: The Host names answered by default (a page on another origin, DNS-rebound to 127.0.0.1, sends
 #: its own name and is refused).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: The API documentation pages, and where their scripts and styles are served from.
+DOCS_URL, REDOC_URL, DOCS_ASSETS_URL = "/docs", "/redoc", "/docs-assets"
 
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
 Where = dict[str, Any]
@@ -197,18 +214,29 @@ def _operation_id(route: APIRoute) -> str:
 
 # -- the app --------------------------------------------------------------------------------------
 def create_app(
-    memory: Memory,
+    memory: Memory | AsyncMemory,
     *,
     api_keys: Sequence[str] | None = None,
     allowed_hosts: Sequence[str] | None = None,
     max_body_bytes: int = 1_000_000,
+    max_inflight: int = 64,
+    queue_timeout: float = 10.0,
 ) -> FastAPI:
-    """A FastAPI app serving ``memory``. ``api_keys`` default to ``memory.settings.server_keys()``;
+    """A FastAPI app serving ``memory`` (a :class:`Memory` is wrapped in an :class:`AsyncMemory`,
+    which its creator keeps and closes). ``api_keys`` default to ``settings.server_keys()``;
     with none, ``/v1`` is open (for loopback use: ``hybridmem serve`` refuses other hosts).
-    ``allowed_hosts`` (Host header names, ``"*"`` for any) default to
-    ``memory.settings.server_hosts()``, else :data:`LOOPBACK_HOSTS`."""
+    ``allowed_hosts`` (Host header names, ``"*"`` for any) default to ``settings.server_hosts()``,
+    else :data:`LOOPBACK_HOSTS`. ``max_inflight`` and ``queue_timeout``: see the module docstring."""
     from hybridmem import __version__
 
+    if isinstance(memory, Memory):
+        memory = AsyncMemory.from_memory(memory)
+    if not isinstance(memory, AsyncMemory):
+        raise ConfigError(f"create_app needs a Memory or an AsyncMemory, got "
+                          f"{type(memory).__name__}")
+    if max_inflight < 1 or not queue_timeout > 0:
+        raise ConfigError(f"max_inflight must be positive and queue_timeout above 0, got "
+                          f"{max_inflight} and {queue_timeout}")
     keys = [k for k in (memory.settings.server_keys() if api_keys is None else api_keys) if k]
     hosts = list(allowed_hosts if allowed_hosts is not None else (
         memory.settings.server_hosts() or LOOPBACK_HOSTS))
@@ -219,9 +247,12 @@ def create_app(
     if not keys:
         log.warning("no server API key configured: /v1 routes need no authentication")
 
-    app = FastAPI(title="hybridmem", version=__version__,
-                  summary="Long-term memory for LLM apps, per user.",
-                  docs_url=None, redoc_url=None, generate_unique_id_function=_operation_id)
+    # FastAPIOffline: a FastAPI whose /docs and /redoc pages load the assets its package ships.
+    app = FastAPIOffline(title="hybridmem", version=__version__,
+                         summary="Long-term memory for LLM apps, per user.",
+                         docs_url=DOCS_URL, redoc_url=REDOC_URL, static_url=DOCS_ASSETS_URL,
+                         swagger_ui_parameters={"validatorUrl": None},
+                         generate_unique_id_function=_operation_id)
     # The dependency only documents the scheme in OpenAPI: the key is checked by GateMiddleware,
     # before the body is read, so an unauthenticated client learns nothing from validation errors.
     bearer = HTTPBearer(auto_error=False, description="HYBRIDMEM_SERVER_API_KEY")
@@ -230,32 +261,32 @@ def create_app(
     install_error_handlers(app)
 
     @app.get("/health", tags=["service"], responses={421: ERROR_RESPONSES[421]})
-    def health() -> Health:
+    async def health() -> Health:
         """Liveness; needs no key."""
         return Health(version=__version__)
 
     # -- memories
     @v1.post("/memories", status_code=201, tags=["memories"])
-    def add_memory(
+    async def add_memory(
         user_id: str,
         body: Annotated[AddRequest, Body()],
         infer: bool = Query(True, description="false: extract with the offline rules only"),
     ) -> MemoryItem:
         """Store one memory; an identical memory is returned with its ``mention_count`` bumped
         rather than stored twice. Several at once: ``POST .../memories/batch``."""
-        return memory.add_many(user_id, [body], infer=infer)[0]
+        return (await memory.add_many(user_id, [body], infer=infer))[0]
 
     @v1.post("/memories/batch", status_code=201, tags=["memories"])
-    def add_memories(
+    async def add_memories(
         user_id: str,
         body: AddManyBody,
         infer: bool = Query(True, description="false: extract with the offline rules only"),
     ) -> list[MemoryItem]:
         """Store ``{"memories": [...]}`` in one batch; one item per input, in order."""
-        return memory.add_many(user_id, body.memories, infer=infer)
+        return await memory.add_many(user_id, body.memories, infer=infer)
 
     @v1.get("/memories", tags=["memories"])
-    def list_memories(
+    async def list_memories(
         user_id: str,
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
         offset: int = Query(0, ge=0),
@@ -264,82 +295,85 @@ def create_app(
         include_superseded: bool = False,
     ) -> list[MemoryItem]:
         """The user's memories, oldest first, optionally of one category and one kind."""
-        return memory.list(user_id, limit=limit, offset=offset, category=category,
-                           where={"kind": kind} if kind else None,
-                           include_superseded=include_superseded)
+        return await memory.list(user_id, limit=limit, offset=offset, category=category,
+                                 where={"kind": kind} if kind else None,
+                                 include_superseded=include_superseded)
 
     @v1.get("/memories/{memory_id}", tags=["memories"])
-    def get_memory(user_id: str, memory_id: str) -> MemoryItem:
-        return memory.get(user_id, memory_id)
+    async def get_memory(user_id: str, memory_id: str) -> MemoryItem:
+        return await memory.get(user_id, memory_id)
 
     @v1.patch("/memories/{memory_id}", tags=["memories"])
-    def update_memory(user_id: str, memory_id: str, body: UpdateRequest) -> MemoryItem:
+    async def update_memory(user_id: str, memory_id: str, body: UpdateRequest) -> MemoryItem:
         """Change a memory's fields; a new text is re-embedded and re-extracted."""
-        return memory.update(user_id, memory_id, **body.model_dump(exclude_none=True))
+        return await memory.update(user_id, memory_id, **body.model_dump(exclude_none=True))
 
     @v1.delete("/memories/{memory_id}", tags=["memories"])
-    def delete_memory(user_id: str, memory_id: str) -> Deleted:
-        return Deleted(deleted=memory.forget(user_id, memory_id))
+    async def delete_memory(user_id: str, memory_id: str) -> Deleted:
+        return Deleted(deleted=await memory.forget(user_id, memory_id))
 
     @v1.post("/messages", status_code=201, tags=["memories"])
-    def add_messages(
+    async def add_messages(
         user_id: str,
         body: MessagesBody,
         infer: bool = Query(True, description="false: extract with the offline rules only"),
     ) -> list[MemoryItem]:
         """Store conversation turns as memories of kind ``turn``, in order."""
-        return memory.add_messages(user_id, [m.model_dump() for m in body.messages], infer=infer)
+        return await memory.add_messages(user_id, [m.model_dump() for m in body.messages],
+                                         infer=infer)
 
     @v1.get("/history", tags=["memories"])
-    def history(user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
+    async def history(user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
         """What happened to the user's memories (or one memory), oldest first."""
-        return memory.history(user_id, memory_id)
+        return await memory.history(user_id, memory_id)
 
     @v1.post("/facts", tags=["facts"])
-    def remember(user_id: str, body: FactBody) -> MemoryItem:
+    async def remember(user_id: str, body: FactBody) -> MemoryItem:
         """Set a key fact: one current value per key; the older value stays, superseded."""
-        return memory.remember(user_id, body.key, body.value, category=body.category,
-                               confidence=body.confidence, importance=body.importance)
+        return await memory.remember(user_id, body.key, body.value, category=body.category,
+                                     confidence=body.confidence, importance=body.importance)
 
     @v1.get("/facts", tags=["facts"])
-    def facts(user_id: str, category: str | None = None,
-              as_of: datetime | None = None) -> list[MemoryItem]:
-        return memory.facts(user_id, category=category, as_of=as_of)
+    async def facts(user_id: str, category: str | None = None,
+                    as_of: datetime | None = None) -> list[MemoryItem]:
+        return await memory.facts(user_id, category=category, as_of=as_of)
 
     # -- retrieval
     @v1.post("/search", tags=["retrieval"])
-    def search(user_id: str, body: SearchBody) -> list[Hit]:
+    async def search(user_id: str, body: SearchBody) -> list[Hit]:
         """Hybrid search (vector, lexical, graph), each hit with its score breakdown and why."""
-        return memory.search(user_id, body.query, limit=body.limit, where=body.where,
-                             category=body.category, include_superseded=body.include_superseded,
-                             min_score=body.min_score, as_of=body.as_of)
+        return await memory.search(user_id, body.query, limit=body.limit, where=body.where,
+                                   category=body.category,
+                                   include_superseded=body.include_superseded,
+                                   min_score=body.min_score, as_of=body.as_of)
 
     @v1.post("/context", tags=["retrieval"])
-    def context(user_id: str, body: ContextBody) -> Context:
+    async def context(user_id: str, body: ContextBody) -> Context:
         """The best memories for ``query`` packed into at most ``max_tokens`` tokens."""
-        return memory.context(user_id, body.query, max_tokens=body.max_tokens, where=body.where,
-                              category=body.category, limit=body.limit,
-                              include_superseded=body.include_superseded,
-                              min_score=body.min_score, budgets=body.budgets, as_of=body.as_of)
+        return await memory.context(user_id, body.query, max_tokens=body.max_tokens,
+                                    where=body.where, category=body.category, limit=body.limit,
+                                    include_superseded=body.include_superseded,
+                                    min_score=body.min_score, budgets=body.budgets,
+                                    as_of=body.as_of)
 
     # -- the graph
     @v1.get("/entities", tags=["graph"])
-    def entities(user_id: str) -> list[GraphEntity]:
-        return memory.entities(user_id)
+    async def entities(user_id: str) -> list[GraphEntity]:
+        return await memory.entities(user_id)
 
     @v1.get("/relations", tags=["graph"])
-    def relations(user_id: str) -> list[GraphRelation]:
-        return memory.relations(user_id)
+    async def relations(user_id: str) -> list[GraphRelation]:
+        return await memory.relations(user_id)
 
     @v1.get("/path", tags=["graph"])
-    def query_path(
+    async def query_path(
         user_id: str,
         a: Annotated[str, Query(min_length=1, max_length=500, description="An entity.")],
         b: Annotated[str, Query(min_length=1, max_length=500, description="Another entity.")],
         max_depth: int = Query(3, ge=1, le=MAX_PATH_DEPTH),
     ) -> list[str]:
         """How two entities are related (readable edges such as ``a -bought-> b``); [] if not."""
-        return memory.query_path(user_id, a, b, max_depth=max_depth)
+        return await memory.query_path(user_id, a, b, max_depth=max_depth)
 
     # -- chat
     @v1.post(
@@ -351,17 +385,21 @@ def create_app(
                          '`data: {"delta": "..."}` lines, then `data: [DONE]`; a failure '
                          "mid-stream ends with `event: error` and the error body."}},
     )
-    def chat(user_id: str, body: ChatBody) -> Any:
+    async def chat(user_id: str, body: ChatBody) -> Any:
         """Answer ``message`` with the user's memory, through the configured endpoint; the
         exchange is stored as memories. 503 when no endpoint is configured."""
         if not memory.settings.llm_configured:
             return error_response(503, "EndpointNotConfigured", NO_ENDPOINT)
         if not body.stream:
-            return memory.chat(user_id, body.message, max_context_tokens=body.max_context_tokens)
+            return await memory.chat(user_id, body.message,
+                                     max_context_tokens=body.max_context_tokens)
         deltas = memory.chat_stream(user_id, body.message,
                                     max_context_tokens=body.max_context_tokens)
         # Pull the first delta here: a failing endpoint gets its status, not a 200 that breaks.
-        first = next(deltas, None)
+        try:
+            first: str | None = await anext(deltas)
+        except StopAsyncIteration:
+            first = None
         return StreamingResponse(
             sse(first, deltas),
             media_type="text/event-stream",
@@ -370,27 +408,29 @@ def create_app(
 
     # -- users
     @v1.get("/stats", tags=["users"])
-    def stats(user_id: str) -> UserStats:
-        return memory.stats(user_id)
+    async def stats(user_id: str) -> UserStats:
+        return await memory.stats(user_id)
 
     @v1.get("/export", tags=["users"])
-    def export(user_id: str) -> dict[str, Any]:
+    async def export(user_id: str) -> dict[str, Any]:
         """Everything of the user as JSON that ``POST .../import`` loads back."""
-        return memory.export(user_id)
+        return await memory.export(user_id)
 
     @v1.post("/import", status_code=201, tags=["users"])
-    def import_bundle(user_id: str, body: Annotated[dict[str, Any], Body()]) -> Imported:
+    async def import_bundle(user_id: str, body: Annotated[dict[str, Any], Body()]) -> Imported:
         """Load an export (``GET .../export``) into this user; ids and times are kept."""
-        return Imported(imported=memory.import_(user_id, body))
+        return Imported(imported=await memory.import_(user_id, body))
 
     @v1.delete("", tags=["users"])
-    def delete_user(user_id: str) -> Deleted:
+    async def delete_user(user_id: str) -> Deleted:
         """Forget everything of the user."""
-        return Deleted(deleted=memory.forget(user_id))
+        return Deleted(deleted=await memory.forget(user_id))
 
     app.include_router(v1)
-    # The last added runs first: log, check the Host and the key, then cap the body.
+    # The last added runs first: log, check the Host and the key, admit, then cap the body.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(AdmissionMiddleware, max_inflight=max_inflight, wait=queue_timeout,
+                       prefix=API_PREFIX)
     app.add_middleware(GateMiddleware, hosts=hosts, keys=keys, prefix=API_PREFIX)
     app.add_middleware(LogMiddleware)
     return app

@@ -68,7 +68,7 @@ def test_pure_modules_import_no_store(name: str) -> None:
 
 
 def _face_sources() -> Iterator[tuple[str, str]]:
-    for name in ("cli.py", "cli_admin.py", "server.py", "mcp.py"):
+    for name in ("cli.py", "cli_admin.py", "server.py", "mcp.py", "langgraph.py"):
         yield name, (PACKAGE / name).read_text(encoding="utf-8")
     for path in sorted((ROOT / "bench").glob("*.py")):
         yield f"bench/{path.name}", path.read_text(encoding="utf-8")

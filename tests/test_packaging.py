@@ -40,10 +40,12 @@ def test_extras_and_core_dependencies() -> None:
     core = _names(PYPROJECT["dependencies"])
     extras = {k: _names(v) for k, v in PYPROJECT["optional-dependencies"].items()}
     assert not core & {"fastapi", "uvicorn", "httpx", "matplotlib"}
-    assert extras["server"] == {"fastapi", "uvicorn"}
+    assert extras["server"] == {"fastapi", "uvicorn", "fastapi-offline"}
     assert extras["notebooks"] >= {"matplotlib", "ipykernel", "nbclient", "nbformat"}
     assert extras["mcp"] == {"mcp"}
-    assert extras["all"] == extras["server"] | extras["notebooks"] | extras["mcp"]
+    assert extras["langgraph"] == {"langgraph"}
+    assert extras["all"] == (extras["server"] | extras["notebooks"] | extras["mcp"]
+                             | extras["langgraph"])
     # The README's test command installs [dev] only: it must hold every extra the tests use.
     assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "hypothesis", "mypy"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hybridmem import Memory, Settings, __version__
+from hybridmem import AsyncMemory, Memory, Settings, __version__
 from hybridmem.errors import ConfigError
 from hybridmem.offline import LocalEmbedder
 from hybridmem.server import create_app
@@ -372,12 +373,25 @@ def test_openapi_lists_every_route_with_its_operation_id_and_one_error_body(
         "$ref": "#/components/schemas/MemoryItem"}  # one shape: one memory in, one out
 
 
-def test_docs_pages_are_off_and_nothing_points_to_a_cdn(service: Service) -> None:
-    with service.client() as c:
-        for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+def test_docs_pages_load_every_asset_from_the_service(service: Service) -> None:
+    """/docs and /redoc work offline: every script, style, icon and schema they name is a path on
+    this service (no scheme, no host, no CDN) and answers 200 with content, with no key."""
+    with service.client(key=None) as c:
+        for page in ("/docs", "/redoc"):
             response = c.get(page)
-            assert response.status_code == 404
-            assert response.json()["error"]["type"] == "HTTPException"
+            assert response.status_code == 200
+            html = response.text
+            assert "http://" not in html and "https://" not in html and "cdn" not in html
+            urls = re.findall(r'(?:src|href|spec-url)="([^"]+)"|url: \'([^\']+)\'', html)
+            assets = {a or b for a, b in urls}
+            assert len(assets) >= 3, assets  # a script, the icon, the schema (+ a style)
+            for asset in assets:
+                assert asset.startswith("/") and not asset.startswith("//"), asset
+                loaded = c.get(asset)
+                assert loaded.status_code == 200, asset
+                assert len(loaded.content) > 1000, asset
+        assert '"validatorUrl": null' in c.get("/docs").text  # no badge fetched from elsewhere
+        assert c.get("/docs/oauth2-redirect").status_code == 200
         assert "cdn" not in c.get("/openapi.json").text.lower()
 
 
@@ -569,6 +583,58 @@ def test_endpoint_failures_map_by_class(
     assert response.json()["error"]["type"] == kind
     assert "sk-test" not in response.text
     assert chat_service.memory.count(unique_user) == 0
+
+
+def _wait_for_chat_request(openai_server: OpenAIWireServer) -> None:
+    """Until the endpoint has received the chat request (the slow reply is then in flight)."""
+    deadline = time.monotonic() + 60
+    while not openai_server.requests_to("chat"):
+        assert time.monotonic() < deadline, "the chat request never reached the endpoint"
+        time.sleep(0.02)
+
+
+def test_a_slow_request_of_one_user_holds_up_no_other_user(
+    chat_service: Service, openai_server: OpenAIWireServer, unique_user: str
+) -> None:
+    openai_server.script(Reply.slow(10))
+    other = unique_user + "-other"
+    with ThreadPoolExecutor(1) as pool, chat_service.client(key=None) as c:
+        slow = pool.submit(c.post, f"/v1/users/{unique_user}/chat", json={"message": "hi"})
+        _wait_for_chat_request(openai_server)
+        with chat_service.client(key=None) as d:
+            assert d.post(memories(other), json={"text": "Lives in Lyon"}).status_code == 201
+            found = d.post(f"/v1/users/{other}/context", json={"query": "where do I live?"})
+        assert found.status_code == 200 and "Lyon" in found.json()["text"]
+        assert not slow.done()  # the other user was answered while the slow chat was waiting
+        assert slow.result().status_code == 200
+
+
+def test_a_request_that_cannot_start_is_refused_before_it_runs(
+    chat_service: Service, openai_server: OpenAIWireServer, unique_user: str
+) -> None:
+    """With every slot taken, a request waits ``queue_timeout`` then gets 503 + Retry-After and
+    has had no effect; /health is not gated; once the slot frees, the same request succeeds."""
+    openai_server.script(Reply.slow(5))
+    app = create_app(AsyncMemory.from_memory(chat_service.memory), max_inflight=1,
+                     queue_timeout=0.3)
+    other = unique_user + "-other"
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as c, \
+            ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(c.post, f"/v1/users/{unique_user}/chat", json={"message": "hi"})
+        _wait_for_chat_request(openai_server)
+        refused = c.post(memories(other), json={"text": "Lives in Lyon"})
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "ServerBusy"
+        assert c.get("/health").status_code == 200
+        assert chat_service.memory.count(other) == 0
+        assert slow.result().status_code == 200
+        assert c.post(memories(other), json={"text": "Lives in Lyon"}).status_code == 201
+
+
+def test_create_app_refuses_what_is_not_a_memory() -> None:
+    with pytest.raises(ConfigError):
+        create_app(object())  # type: ignore[arg-type]
 
 
 # -- CLI -----------------------------------------------------------------------------------------
