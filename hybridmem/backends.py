@@ -124,6 +124,9 @@ def _open(
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
             max_open=max_open,
+            # embedded, the data-dir lock makes this store the only writer: reads can be served
+            # from memory (see hybridmem._records); a server is shared, so there they cannot
+            cache_records=not s.chroma_url,
         )
         vectors, client = chroma, chroma.client
     if lexical is None:
