@@ -144,7 +144,7 @@ def build_context(
                 text=text,
                 memory_id=cand.memory_id,
                 why=cand.why,
-                tokens=counter.count(text),
+                tokens=counter.count(text),  # counted above: the counter remembers it
             )
         )
     text = _render(chosen)
