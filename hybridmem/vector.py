@@ -81,7 +81,8 @@ class ChromaVectorStore:
     """:class:`~hybridmem.protocols.VectorStore` on Chroma: a hot and an archive collection per
     user (see the module docstring). Thread-safe; handles are cached per user. ``path`` opens an
     embedded store, ``url`` a server (exactly one); ``cache_records`` keeps records in memory
-    (only for the one writer). A closed store raises :class:`~hybridmem.errors.ClosedError`.
+    (only for the one writer: ``exclusive`` says whether this store still is, else the cache is
+    dropped). A closed store raises :class:`~hybridmem.errors.ClosedError`.
     """
 
     def __init__(
@@ -95,13 +96,14 @@ class ChromaVectorStore:
         max_open: int = 128,
         cache_records: bool = False,
         background_load: bool = True,
+        exclusive: Callable[[], bool] | None = None,
     ) -> None:
         if scrub_heap and url is None:
             _chroma.scrub_freed_heap()
         client = _chroma.make_client(path=path, url=url)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
         self._handles = _chroma.CollectionHandles(
-            client, hint=hint, max_open=2 * max_open,
+            client, hint=hint, max_open=max_open,
             reopen=None if url is not None else lambda: _chroma.make_client(path=path),
         )
         self._path = None if url is not None else path
@@ -110,6 +112,7 @@ class ChromaVectorStore:
         self._dimension = dimension
         self._records = RecordCache(max_open) if cache_records else None
         self._background_load = background_load
+        self._exclusive = exclusive  # False while another writer shares the files: no cache
         self._misses: dict[str, int] = {}
         self._loaders: dict[str, threading.Thread] = {}
         self._user_lock = UserLocks()  # a user's writes and the loading of its records
@@ -192,6 +195,9 @@ class ChromaVectorStore:
         if self._records is None:
             return None
         self._live()
+        if self._exclusive is not None and not self._exclusive():
+            self._records.clear()
+            return None
         records = self._records.get(user_id)
         if records is not None or not self._background_load:
             return records if records is not None else self._load_now(user_id)
@@ -387,10 +393,8 @@ class ChromaVectorStore:
         return found
 
     def _records_of(self, user_id: str, items: Sequence[MemoryItem]) -> builtins.list[Record]:
-        for item in items:
-            if item.user_id != user_id:
-                raise InvalidInputError(
-                    f"memory {item.id} belongs to {item.user_id!r}, not {user_id!r}")
+        for bad in (i for i in items if i.user_id != user_id):
+            raise InvalidInputError(f"memory {bad.id} belongs to {bad.user_id!r}, not {user_id!r}")
         return [to_record(i) for i in items]
 
     def _vector(self, embedding: Sequence[float]) -> builtins.list[float]:
@@ -565,9 +569,7 @@ class ChromaVectorStore:
     def count(self, user_id: str) -> int:
         """How many memories the user has (current and not)."""
         cached = self._cached(user_id)
-        if cached is not None:
-            return len(cached)
-        return sum(self._both(user_id, "count the memories", lambda c: c.count()))
+        return len(cached) if cached is not None else sum(self._both(user_id, "count the memories", lambda c: c.count()))
 
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
