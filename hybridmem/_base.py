@@ -129,6 +129,7 @@ class MemoryBase:
         if self._closed:
             return
         try:
+            self._retriever.close()
             self._access.close()
         finally:
             self._closed = True

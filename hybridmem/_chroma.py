@@ -22,6 +22,9 @@ Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) an
 from __future__ import annotations
 
 import ctypes
+import re
+import shutil
+import sqlite3
 import sys
 import threading
 from collections import OrderedDict
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectionHandles",
     "close_client",
+    "archive_collection_name",
     "collection_name",
     "create_collection",
     "drop_collection",
@@ -48,6 +52,7 @@ __all__ = [
     "is_not_found",
     "make_client",
     "open_collection",
+    "purge_embedded",
     "scrub_freed_heap",
 ]
 
@@ -164,6 +169,12 @@ def collection_name(user_id: str) -> str:
     return user_key(user_id)
 
 
+def archive_collection_name(user_id: str) -> str:
+    """The name of the user's archive collection (memories no longer current, kept out of the
+    index every search queries; see :mod:`hybridmem.vector`)."""
+    return "a-" + user_key(user_id)
+
+
 def graph_collection_name(user_id: str) -> str:
     """The name of the user's graph side collection (server mode: one record per extraction)."""
     return "g-" + user_key(user_id)
@@ -204,6 +215,33 @@ def drop_collection(client: ClientAPI, name: str) -> None:
     except Exception as exc:
         if not is_not_found(exc):
             raise
+
+
+#: Records per Chroma request when :func:`move_not_current` moves them.
+MOVE_BATCH = 1000
+
+
+def move_not_current(client: ClientAPI, hot: Collection, archive_name: str,
+                     meta: CollectionMeta, *, check: Callable[[Collection], None]) -> int:
+    """Migrate a user's hot collection of schema 1 (see :mod:`hybridmem.vector`): copy the records
+    that are not current to the archive collection (created with ``meta``, vetted by ``check``),
+    delete them from ``hot``, then mark ``hot`` with ``meta``'s schema. Each step repeats
+    harmlessly, so an interrupted migration is finished at the next open. Returns how many moved."""
+    old = hot.get(where={"current": False}, include=["embeddings", "documents", "metadatas"])
+    ids = list(old["ids"])
+    if ids:
+        archive = create_collection(client, archive_name, meta)
+        check(archive)
+        embeddings, docs, metas = old["embeddings"], old["documents"], old["metadatas"]
+        assert embeddings is not None and docs is not None and metas is not None
+        for lo in range(0, len(ids), MOVE_BATCH):
+            hi = lo + MOVE_BATCH
+            archive.upsert(ids=ids[lo:hi], embeddings=embeddings[lo:hi], documents=docs[lo:hi],
+                           metadatas=metas[lo:hi])
+        for lo in range(0, len(ids), MOVE_BATCH):
+            hot.delete(ids=ids[lo : lo + MOVE_BATCH])
+    hot.modify(metadata={**(hot.metadata or {}), "schema": meta["schema"]})
+    return len(ids)
 
 
 class CollectionHandles:
@@ -331,3 +369,75 @@ class CollectionHandles:
         """A :class:`StorageError` naming the operation and the user, with the hint."""
         hint = f"; {self._hint}" if self._hint else ""
         return StorageError(f"could not {what} of {user_id!r}: {exc}{hint}")
+
+
+# -- physical erasure in embedded Chroma's SQLite file --------------------------------------------
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def purge_embedded(path: Path) -> None:
+    """Make deletions and replaced texts physical in the embedded Chroma store at ``path``.
+
+    Where embedded Chroma keeps a deleted or overwritten document, and what is done about it:
+
+    1. its write-ahead log (``embeddings_queue``) keeps every write's document and metadata until
+       the vector index persists (every ~1000 writes); once the metadata segment has applied a
+       write, the log is kept only so the vector index can replay the vector, so the document
+       and metadata of applied writes are blanked to ``{}`` (what Chroma itself writes for a
+       record without them);
+    2. its trigram full-text index keeps postings of deleted documents until its segments merge:
+       ``optimize`` merges them;
+    3. SQLite keeps deleted rows in free pages and in the free space of pages (Chroma's connection
+       does not use ``secure_delete``): VACUUM rewrites the file without them;
+    4. segment folders no collection uses any more are removed.
+    """
+    db = path / "chroma.sqlite3"
+    if not db.exists():
+        return
+    try:
+        conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA secure_delete=ON")
+            live = {row[0] for row in conn.execute("SELECT id FROM segments")}
+            _blank_applied_log(conn)
+            _optimize_fulltext(conn)
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StorageError(f"could not compact {db}: {exc}") from exc
+    for child in path.iterdir():
+        if child.is_dir() and _UUID.match(child.name) and child.name not in live:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _blank_applied_log(conn: sqlite3.Connection) -> None:
+    """Blank documents and metadata in Chroma's log for writes its metadata segment has applied
+    (their vectors stay: the vector index replays them from the log until it persists)."""
+    applied = conn.execute(
+        "SELECT s.collection, m.seq_id FROM segments s JOIN max_seq_id m ON m.segment_id = s.id "
+        "WHERE s.scope = 'METADATA'"
+    ).fetchall()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for collection, seq_id in applied:
+            if not isinstance(seq_id, int):  # an older Chroma stored bytes: leave the log alone
+                continue
+            conn.execute(
+                "UPDATE embeddings_queue SET metadata = '{}' WHERE seq_id <= ? AND topic LIKE ? "
+                "AND metadata IS NOT NULL AND metadata != '{}'",
+                (seq_id, f"%/{collection}"),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _optimize_fulltext(conn: sqlite3.Connection) -> None:
+    """Merge the segments of Chroma's full-text index, dropping postings of deleted documents."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name = 'embedding_fulltext_search'").fetchone()
+    if exists:
+        conn.execute("INSERT INTO embedding_fulltext_search(embedding_fulltext_search) "
+                     "VALUES ('optimize')")

@@ -76,6 +76,13 @@ class DataDirLock:
         os.pwrite(fd, json.dumps(owner).encode("utf-8"), 0)
         return fd
 
+    def sole(self) -> bool:
+        """Whether this is the data dir's only holder (another Memory of this process on the
+        same dir writes it too, behind the back of this one's in-memory caches)."""
+        with self._guard:
+            held = self._held.get(str(self.path))
+            return not self._released and held is not None and held[1] == 1
+
     def release(self) -> None:
         """Give up this holder's share; the OS lock goes with the last one."""
         with self._guard:

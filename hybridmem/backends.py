@@ -124,6 +124,11 @@ def _open(
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
             max_open=max_open,
+            # embedded, the data-dir lock makes this store the only writer (while no other
+            # Memory of this process opened the dir): reads can be served from memory (see
+            # hybridmem._records); a server is shared, so there they cannot
+            cache_records=dir_lock is not None,
+            exclusive=None if dir_lock is None else dir_lock.sole,
         )
         vectors, client = chroma, chroma.client
     if lexical is None:

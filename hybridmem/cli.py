@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -24,9 +24,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem import HybridMemError, Hit, Memory, Settings, __version__
+from hybridmem import HybridMemError, Hit, Settings, __version__
 from hybridmem.cli_admin import register as register_admin
 from hybridmem.models import AddRequest, to_request, validate_user_id
+
+if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
+    from hybridmem import Memory
 
 HELP = """Long-term memory for LLM apps, from the command line.
 
@@ -81,6 +84,8 @@ def _memory(data_dir: Optional[Path] = None, *, settings: Settings | None = None
     into one line."""
     settings = settings if settings is not None else _settings(data_dir=data_dir)
     try:
+        from hybridmem import Memory
+
         with Memory(settings) as mem:
             yield mem
     except HybridMemError as exc:

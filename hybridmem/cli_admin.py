@@ -11,16 +11,17 @@ import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from hybridmem import Memory
+if TYPE_CHECKING:  # the CLI imports Memory only when a command runs (--help loads no store)
+    from hybridmem import Memory
 
 __all__ = ["register"]
 
-OpenMemory = Callable[[Optional[Path]], AbstractContextManager[Memory]]
+OpenMemory = Callable[[Optional[Path]], AbstractContextManager["Memory"]]
 DataDirOpt = typer.Option(None, "--data-dir", help="Where memories live (HYBRIDMEM_DATA_DIR).")
 UserOpt = typer.Option(None, "--user", help="Only this user (default: every user).")
 

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -220,16 +221,41 @@ def load_encoding(name: str) -> Any:
     )
 
 
+#: Texts whose token count a counter remembers (context lines repeat from call to call).
+COUNT_CACHE = 8192
+
+
 class TiktokenCounter:
-    """Exact token counts with tiktoken, from offline BPE files. Special tokens count as text."""
+    """Exact token counts with tiktoken, from offline BPE files. Special tokens count as text.
+
+    The encoding is built on first use, not in the constructor (~1 s: a search never needs it),
+    and the counts of the last :data:`COUNT_CACHE` texts are remembered. Thread-safe."""
 
     def __init__(self, encoding: str = "o200k_base") -> None:
+        if encoding not in _ENCODINGS:
+            raise ConfigError(f"unknown token encoding {encoding!r}; use one of {sorted(_ENCODINGS)}")
         self.encoding = encoding
-        self._enc = load_encoding(encoding)
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._guard = threading.Lock()
+
+    @property
+    def _enc(self) -> Any:
+        return load_encoding(self.encoding)  # built once per process, then a cache hit
 
     def count(self, text: str) -> int:
         """Number of tokens of ``text``."""
-        return len(self._enc.encode(text, disallowed_special=()))
+        with self._guard:
+            known = self._counts.get(text)
+            if known is not None:
+                self._counts.move_to_end(text)
+                return known
+        counted = len(self._enc.encode(text, disallowed_special=()))
+        if len(text) <= 4096:  # whole rendered contexts are not worth keeping
+            with self._guard:
+                self._counts[text] = counted
+                while len(self._counts) > COUNT_CACHE:
+                    self._counts.popitem(last=False)
+        return counted
 
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest token prefix of ``text`` with at most ``max_tokens`` tokens that decodes

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.ranking import Candidate, Weights, explain, fuse
 
-__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "AccessLog", "Extras", "Retriever"]
+__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras", "Retriever"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their entities to graph expansion.
@@ -35,6 +36,10 @@ EXTRAS_TTL = 5.0
 #: Users whose answer is kept (the least recently asked beyond this are dropped).
 MAX_EXTRAS = 4096
 Embed = Callable[[Sequence[str]], list[list[float]]]
+#: Query embeddings kept per Memory (~12 KB each for 384 Python floats: ~6 MB when full).
+QUERY_CACHE = 512
+#: Threads that run a search's lexical lookup beside its embedding (one per concurrent search).
+READ_THREADS = 4
 
 
 def weights_of(settings: Settings) -> Weights:
@@ -59,6 +64,38 @@ class Retriever:
         self._stores = stores
         self._embed = embed
         self.weights = weights_of(settings)
+        self._vectors: OrderedDict[str, list[float]] = OrderedDict()  # query -> embedding (LRU)
+        self._guard = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _query_vector(self, query: str) -> list[float]:
+        """The query's embedding; the last :data:`QUERY_CACHE` are kept (context() searches a
+        query twice when the user has summaries, and chat front ends repeat questions)."""
+        with self._guard:
+            vector = self._vectors.get(query)
+            if vector is not None:
+                self._vectors.move_to_end(query)
+                return vector
+        vector = self._embed([query])[0]
+        with self._guard:
+            self._vectors[query] = vector
+            while len(self._vectors) > QUERY_CACHE:
+                self._vectors.popitem(last=False)
+        return vector
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._guard:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=READ_THREADS,
+                                                    thread_name_prefix="hybridmem-read")
+            return self._executor
+
+    def close(self) -> None:
+        """Stop the reader threads (idempotent)."""
+        with self._guard:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
                now: datetime | None = None) -> list[Hit]:
@@ -72,15 +109,20 @@ class Retriever:
         def cand(memory_id: str) -> Candidate:
             return cands.setdefault(memory_id, Candidate(memory_id))
 
-        if w.vector > 0 or not w.lexical > 0:
-            qvec = self._embed([query])[0]
+        vector = w.vector > 0 or not w.lexical > 0
+        lexical: Future[list[tuple[str, float]]] | None = None
+        if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
+            lexical = self._pool().submit(self._stores.lexical.search, user_id, query, limit=pool)
+        if vector:
+            qvec = self._query_vector(query)
             hits = self._stores.vectors.query(user_id, [qvec], limit=pool, where=where)[0]
             for rank, hit in enumerate(hits, 1):
                 items[hit.item.id] = hit.item
                 c = cand(hit.item.id)
                 c.vector, c.vector_rank = hit.similarity, rank
         if w.lexical > 0:
-            found = self._stores.lexical.search(user_id, query, limit=pool)
+            found = (lexical.result() if lexical is not None
+                     else self._stores.lexical.search(user_id, query, limit=pool))
             for rank, (memory_id, score) in enumerate(found, 1):
                 c = cand(memory_id)
                 c.lexical, c.lexical_rank = score, rank

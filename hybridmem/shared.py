@@ -382,6 +382,7 @@ class ChromaLexicalIndex(_ServerCache):
     documents in the user's main collection (written by :class:`~hybridmem.vector.ChromaVectorStore`
     on the same server), so there is no second copy of the texts to keep consistent.
 
+    Both of the user's collections are read (current memories and the archive of the others).
     The cache is a :class:`~hybridmem.lexical.SqliteLexicalIndex` in a private temporary directory,
     removed on :meth:`close`. Own ``add``/``delete`` apply at once. Before a search, at most every
     ``refresh_interval`` seconds, a check lists the collection's ids (cheap) to index new documents
@@ -440,8 +441,9 @@ class ChromaLexicalIndex(_ServerCache):
                 remote: set[str] = set(texts)
                 changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
             else:
-                got = self._run(user_id, "list the memories", lambda c: c.get(include=[]))
-                remote = set(got["ids"]) if got else set()
+                remote = {i for got in self._each(user_id, "list the memories",
+                                                  lambda c: c.get(include=[]))
+                          for i in got["ids"]}
                 for part in _chunks(sorted(remote - st.versions.keys())):
                     changed.update(self._documents(user_id, part))
             gone = [i for i in st.versions if i not in remote]
@@ -456,11 +458,17 @@ class ChromaLexicalIndex(_ServerCache):
 
     def _documents(self, user_id: str, ids: Sequence[str] | None) -> dict[str, str]:
         """id -> text of the given memories (all when None) in the main collection."""
-        got = self._run(user_id, "read the memories", lambda c: c.get(
-            ids=None if ids is None else list(ids), include=["documents"]))
-        if not got:
-            return {}
-        return {i: t or "" for i, t in zip(got["ids"], got["documents"] or [])}
+        return {i: t or "" for got in self._each(user_id, "read the memories", lambda c: c.get(
+                    ids=None if ids is None else list(ids), include=["documents"]))
+                for i, t in zip(got["ids"], got["documents"] or [])}
+
+    def _each(self, user_id: str, what: str, call: Callable[[Collection], T]) -> list[T]:
+        """``call`` on the user's hot and archive collections (those that exist): the vector
+        store keeps memories that are not current in the archive, and they stay searchable."""
+        got = [self._run(user_id, what, call),
+               self._handles.run(_chroma.archive_collection_name(user_id), call,
+                                 user_id=user_id, what=what)]
+        return [g for g in got if g is not None]
 
     def drop_user(self, user_id: str) -> None:
         """Drop this process's cache of the user (the vector store drops the documents)."""
@@ -468,6 +476,7 @@ class ChromaLexicalIndex(_ServerCache):
         with st.lock:
             self._index.drop_user(user_id)
             self._handles.forget(self._name_of(user_id))
+            self._handles.forget(_chroma.archive_collection_name(user_id))
             st.versions.clear()
             st.checked = st.swept = None
 

@@ -1,90 +1,88 @@
-"""ChromaVectorStore: one Chroma collection per user, embedded or server, with *our* vectors only.
+"""ChromaVectorStore: a user's memories in Chroma, embedded or server, with *our* vectors only.
 
-Collections are created with ``embedding_function=None`` and an explicit cosine HNSW configuration,
-so Chroma never attaches (and downloads) its own embedder (:mod:`hybridmem._chroma` owns the client,
-naming and handle plumbing). The collection name is a hash of the user id; the raw id, the
-embedder's name and its dimension are kept in the collection's metadata, and opening a collection
-with a different embedder is refused.
+Collections are created with ``embedding_function=None`` and a cosine HNSW index, so Chroma never
+attaches (and downloads) its own embedder (:mod:`hybridmem._chroma` owns client, names, handles).
+Names hash the user id; the raw id, the embedder's name and dimension are kept in each
+collection's metadata, and another embedder is refused. The record layout and filters on it are
+:mod:`hybridmem._layout`'s.
 
-This is the only module that knows how a :class:`~hybridmem.models.MemoryItem` is laid out as a
-Chroma record: id, document = text, and flat metadata with
+**Two collections per user.** Current memories live in the *hot* collection, the only one a
+search for current memories queries; the others (superseded, invalidated) in the *archive*. Why:
+Chroma answers a ``where`` by scanning every record's metadata (63 ms at 10k memories), so
+filtering ``current`` meant over-fetching neighbours and filtering in Python (~20 ms); now the hot
+query needs neither. A filter that does not pin ``current`` (``include_superseded``, time travel)
+reads both. Expired memories stay hot (they expire with no write); readers drop them.
 
-- the system fields under their own names (``kind``, ``category``, ``importance``, ...),
-- times as epoch seconds under ``<name>_ts`` (``created_at_ts``, ``invalid_at_ts``, ...),
-- derived fields for filters: ``current`` (not superseded or invalidated), ``has_key``,
-  ``text_hash`` (:func:`hybridmem.text.text_hash`) and ``user_id``,
-- the caller's metadata under ``meta.<key>``, so a caller key can never overwrite a system field.
-
-Absent means None: Chroma stores no None values. Chroma *merges* metadata on ``upsert`` and
-``update`` (a key left out keeps its old value), so writes send None for every field that is None
-now and for every key the record had that the item no longer has: a write replaces the record.
-
-A :data:`~hybridmem.filters.Filter` is compiled to a Chroma ``where`` (metadata conditions name
-``meta.<key>``) for :meth:`ChromaVectorStore.list`, and evaluated in Python on records for
-:meth:`~ChromaVectorStore.get` and :meth:`~ChromaVectorStore.query`, because Chroma answers any
-``where`` with a scan of every record's metadata. Both evaluate alike: numbers compare across int
-and float, booleans and strings only with their own kind, and a condition on a missing key never
-matches except ``$ne`` and ``$nin``.
+- Routing: a write sends a record where its ``current`` says; a write that flips it (a
+  supersession is a metadata :meth:`~ChromaVectorStore.update`) *moves* it: copied to the other
+  collection first, then deleted where it was.
+- Crash safety: a crash in between leaves two copies, never none. The intent journal replays an
+  interrupted update (:mod:`hybridmem._journal`), which finishes the move; any leftover copy is
+  resolved when the user's records are next loaded; readers meanwhile prefer the hot copy.
+- Migration: a hot collection of schema 1 is migrated when a process first opens it
+  (:func:`hybridmem._chroma.move_not_current`); an interrupted one finishes at the next open.
+- Record cache: with ``cache_records`` (embedded, where the data-dir lock makes this store the one
+  writer) reads are served from an in-memory copy (:mod:`hybridmem._records`) that every write
+  updates once Chroma accepted it; the vector query asks Chroma for ids and distances only. A
+  Chroma server is written by processes this one cannot see, so there reads go to the server.
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
-import re
-import shutil
-import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from hybridmem import _chroma
-from hybridmem.errors import (
-    ClosedError,
-    CorruptStateError,
-    EmbedderMismatchError,
-    InvalidInputError,
-    StorageError,
+from hybridmem._dirlock import UserLocks
+from hybridmem._layout import rows as _rows
+from hybridmem._layout import (
+    Record,
+    archived,
+    compile_where,
+    matches,
+    parts_of,
+    replacing,
+    resolve,
+    residual,
+    stored,
+    to_item,
+    to_record,
 )
-from hybridmem.filters import AllOf, AnyOf, Condition, Filter, Scalar
+from hybridmem._records import RecordCache, UserRecords
+from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
+from hybridmem.filters import Filter
 from hybridmem.models import MemoryItem
 from hybridmem.protocols import VectorHit
-from hybridmem.text import text_hash
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
     from chromadb.api.models.Collection import Collection
-    from chromadb.api.types import Metadata, PyEmbedding, Where
+    from chromadb.api.types import Include, PyEmbedding
 
-__all__ = ["OVERFETCH", "SCHEMA_VERSION", "ChromaVectorStore"]
+__all__ = ["OVERFETCH", "SCHEMA_VERSION", "ChromaVectorStore", "compile_where", "matches"]
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
+#: 2: memories that are not current live in the archive collection.
+SCHEMA_VERSION = 2
 T = TypeVar("T")
 #: How many more neighbours a filtered query fetches before filtering them itself.
 OVERFETCH = 3
-META_PREFIX = "meta."
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_TIME_FIELDS = ("created_at", "updated_at", "valid_from", "invalid_at", "expires_at",
-                "last_accessed_at")
-_PLAIN_FIELDS = ("kind", "category", "importance", "confidence", "source", "superseded_by",
-                 "mention_count", "access_count", "needs_extraction", "extractor", "key")
-_SYSTEM_KEYS = (*_PLAIN_FIELDS, *(f"{n}_ts" for n in _TIME_FIELDS), "current", "has_key",
-                "text_hash", "user_id")
-#: A record's metadata as written: None deletes a key (Chroma's update semantics).
-Record = dict[str, Union[str, int, float, bool, None]]
-_MISSING = object()
+#: (id, document, metadata, similarity) of one neighbour.
+_Found = tuple[str, "str | None", "Mapping[str, Any] | None", float]
 
 
 class ChromaVectorStore:
-    """:class:`~hybridmem.protocols.VectorStore` on Chroma: per-user collections in one client.
-
-    Thread-safe; collection handles are cached per user. ``path`` opens an embedded store,
-    ``url`` a Chroma server (exactly one). :meth:`close` releases the client; a closed store
-    raises :class:`~hybridmem.errors.ClosedError`.
+    """:class:`~hybridmem.protocols.VectorStore` on Chroma: a hot and an archive collection per
+    user (see the module docstring). Thread-safe; handles are cached per user. ``path`` opens an
+    embedded store, ``url`` a server (exactly one); ``cache_records`` keeps records in memory
+    (only for the one writer: ``exclusive`` says whether this store still is, else the cache is
+    dropped). A closed store raises :class:`~hybridmem.errors.ClosedError`.
     """
 
     def __init__(
@@ -96,6 +94,9 @@ class ChromaVectorStore:
         url: str | None = None,
         scrub_heap: bool = True,
         max_open: int = 128,
+        cache_records: bool = False,
+        background_load: bool = True,
+        exclusive: Callable[[], bool] | None = None,
     ) -> None:
         if scrub_heap and url is None:
             _chroma.scrub_freed_heap()
@@ -109,6 +110,12 @@ class ChromaVectorStore:
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name
         self._dimension = dimension
+        self._records = RecordCache(max_open) if cache_records else None
+        self._background_load = background_load
+        self._exclusive = exclusive  # False while another writer shares the files: no cache
+        self._misses: dict[str, int] = {}
+        self._loaders: dict[str, threading.Thread] = {}
+        self._user_lock = UserLocks()  # a user's writes and the loading of its records
         self._lock = threading.Lock()
         self._closed = False
 
@@ -134,17 +141,39 @@ class ChromaVectorStore:
             raise ClosedError("the vector store is closed; create a new ChromaVectorStore")
 
     def _run(self, user_id: str, what: str, call: Callable[[Collection], T], *,
-             create: bool = False) -> T | None:
-        """``call`` on the user's collection (None when it does not exist, unless ``create``)."""
+             create: bool = False, archive: bool = False) -> T | None:
+        """``call`` on the user's hot (or ``archive``) collection; None when it does not exist,
+        unless ``create``."""
         self._live()
         meta: _chroma.CollectionMeta | None = None
         if create:
             meta = {"user_id": user_id, "embedder": self._embedder_name,
                     "dimension": self._dimension, "schema": SCHEMA_VERSION}
+        name = (_chroma.archive_collection_name if archive else _chroma.collection_name)(user_id)
         return self._handles.run(
-            _chroma.collection_name(user_id), call, user_id=user_id, what=what, create=meta,
-            check=lambda c: self._check_identity(user_id, c),
+            name, call, user_id=user_id, what=what, create=meta,
+            check=lambda c: self._opened(user_id, c, archive),
         )
+
+    def _both(self, user_id: str, what: str, call: Callable[[Collection], T]) -> builtins.list[T]:
+        """``call`` on each of the user's collections that exists (hot first)."""
+        got = [self._run(user_id, what, call, archive=archive) for archive in (False, True)]
+        return [g for g in got if g is not None]
+
+    def _opened(self, user_id: str, collection: Collection, archive: bool) -> None:
+        """Vet a freshly opened collection: the embedder must match, and a hot collection of an
+        older layout (schema 1: superseded memories beside current ones) is migrated now."""
+        self._check_identity(user_id, collection)
+        if not archive and (collection.metadata or {}).get("schema", 1) < SCHEMA_VERSION:
+            self._migrate(user_id, collection)
+
+    def _migrate(self, user_id: str, hot: Collection) -> None:
+        meta: _chroma.CollectionMeta = {"user_id": user_id, "embedder": self._embedder_name,
+                                        "dimension": self._dimension, "schema": SCHEMA_VERSION}
+        moved = _chroma.move_not_current(
+            self._handles.client, hot, _chroma.archive_collection_name(user_id), meta,
+            check=lambda c: self._check_identity(user_id, c))
+        log.info("moved %d memories that are not current to the archive collection", moved)
 
     def _check_identity(self, user_id: str, collection: Collection) -> None:
         meta = collection.metadata or {}
@@ -156,57 +185,219 @@ class ChromaVectorStore:
                 "export the user, forget it and import the export to re-embed"
             )
 
+    # -- the record cache ------------------------------------------------------------------------
+    def _cached(self, user_id: str) -> UserRecords | None:
+        """The user's records in memory, or None (no cache, or not loaded yet: read Chroma).
+
+        A user's records are loaded at its second miss (a one-shot process, such as one CLI
+        search, never pays for a load), in a background thread unless ``background_load`` is
+        off; the load holds the user's lock, so writes wait for it and none is missed."""
+        if self._records is None:
+            return None
+        self._live()
+        if self._exclusive is not None and not self._exclusive():
+            self._records.clear()
+            return None
+        records = self._records.get(user_id)
+        if records is not None or not self._background_load:
+            return records if records is not None else self._load_now(user_id)
+        with self._lock:
+            self._misses[user_id] = misses = self._misses.get(user_id, 0) + 1
+            if misses < 2 or user_id in self._loaders:
+                return None
+            loader = self._loaders[user_id] = threading.Thread(
+                target=self._load_now, args=(user_id,), name="hybridmem-records", daemon=True)
+        loader.start()
+        return None
+
+    def _load_now(self, user_id: str) -> UserRecords | None:
+        assert self._records is not None
+        try:
+            with self._user_lock(user_id):
+                records = self._records.get(user_id)
+                if records is None and not self._closed:
+                    records = self._load(user_id)
+                    self._records.put(user_id, records)
+                return records
+        except Exception as exc:
+            if not self._background_load:
+                raise
+            log.warning("loading the records of a user failed (%s); reading Chroma", exc)
+            return None
+        finally:
+            with self._lock:
+                self._loaders.pop(user_id, None)
+                self._misses.pop(user_id, None)
+
+    def _load(self, user_id: str) -> UserRecords:
+        """Every record of both collections (a copy an interrupted move left twice is resolved
+        and the loser deleted, see :func:`hybridmem._layout.resolve`)."""
+        found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
+        losers: dict[bool, builtins.list[str]] = {False: [], True: []}
+        for archive in (False, True):
+            got = self._run(user_id, "read the memories", lambda c: c.get(
+                include=["documents", "metadatas"]), archive=archive)
+            for id_, doc, meta in _rows(got["ids"], got["documents"], got["metadatas"]) if got else ():
+                row = (archive, doc or "", meta or {})
+                if id_ in found:
+                    row, loser = resolve(found[id_], row)
+                    losers[loser[0]].append(id_)
+                found[id_] = row
+        for archive, ids in losers.items():
+            if ids:
+                self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
+        records = UserRecords()
+        records.put((i, doc, meta) for i, (_, doc, meta) in found.items())
+        return records
+
+    def _drop_cached(self, user_id: str) -> None:  # reloaded when next wanted
+        self._records.drop(user_id) if self._records is not None else None
+
+    def _item(self, user_id: str, records: UserRecords, id_: str) -> MemoryItem | None:
+        return records.item(id_, lambda i, d, m: to_item(user_id, i, d, m))
+
     # -- writes ---------------------------------------------------------------------------------
     def upsert(
         self, user_id: str, items: Sequence[MemoryItem], embeddings: Sequence[Sequence[float]]
     ) -> None:
-        """Insert or replace memories (text, fields and vector) with our embeddings."""
+        """Insert or replace memories (text, fields and vector) with our embeddings; each goes
+        to the collection its ``current`` names (moved out of the other one if it was there)."""
         self._live()
         if len(items) != len(embeddings):
             raise InvalidInputError(f"{len(items)} memories but {len(embeddings)} embeddings")
         if not items:
             return
-        records = self._records(user_id, items)
+        records = self._records_of(user_id, items)
         vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
-        ids = [i.id for i in items]
+        with self._user_lock(user_id), self._coherent(user_id):
+            placed = self._placed(user_id, [i.id for i in items])
+            for archive in (False, True):
+                picked = [n for n, r in enumerate(records) if archived(r) == archive]
+                if not picked:
+                    continue
+                ids = [items[n].id for n in picked]
+                docs = [items[n].text for n in picked]
+                vecs = [vectors[n] for n in picked]
+                recs = [records[n] for n in picked]
 
-        def write(c: Collection) -> None:
-            c.upsert(ids=ids, documents=[i.text for i in items], embeddings=vectors,
-                     metadatas=_replacing(c, ids, records))
+                def write(c: Collection) -> None:
+                    c.upsert(ids=ids, documents=docs, embeddings=vecs,
+                             metadatas=replacing(c, ids, recs))
 
-        self._run(user_id, "write the memories", write, create=True)
+                self._run(user_id, "write the memories", write, create=True, archive=archive)
+                moved = [i for i in ids if placed.get(i) == (not archive)]
+                if moved:  # after the copy landed: a crash in between leaves two copies
+                    self._run(user_id, "move memories", lambda c: c.delete(ids=moved),
+                              archive=not archive)
+            cached = self._records.get(user_id) if self._records is not None else None
+            if cached is not None:
+                cached.put((i.id, i.text, stored(r)) for i, r in zip(items, records))
 
     def update(self, user_id: str, items: Sequence[MemoryItem]) -> None:
         """Replace the fields of existing memories whose text did not change (documents and
-        vectors stay; unknown ids are ignored)."""
+        vectors stay; unknown ids are ignored). A memory that stops (or starts) being current
+        moves to the archive (or back): copied first, then removed from where it was."""
         self._live()
         if not items:
             return
-        records = self._records(user_id, items)
-        ids = [i.id for i in items]
-        self._run(user_id, "update the memories", lambda c: c.update(
-            ids=ids, metadatas=_replacing(c, ids, records)))
+        records = self._records_of(user_id, items)
+        with self._user_lock(user_id), self._coherent(user_id):
+            placed = self._placed(user_id, [i.id for i in items])
+            for archive in (False, True):
+                stay = [(i.id, r) for i, r in zip(items, records)
+                        if placed.get(i.id) == archive and archived(r) == archive]
+                come = [(i.id, r) for i, r in zip(items, records)
+                        if placed.get(i.id) == (not archive) and archived(r) == archive]
+                if stay:
+                    ids, recs = [i for i, _ in stay], [r for _, r in stay]
+                    self._run(user_id, "update the memories", lambda c: c.update(
+                        ids=ids, metadatas=replacing(c, ids, recs)), archive=archive)
+                if come:
+                    self._move(user_id, come, to_archive=archive)
+            cached = self._records.get(user_id) if self._records is not None else None
+            if cached is not None:
+                rows = [(i.id, row[0], stored(r)) for i, r in zip(items, records)
+                        if (row := cached.row(i.id)) is not None]
+                cached.put(rows)
+
+    def _move(self, user_id: str, moving: builtins.list[tuple[str, Record]], *,
+              to_archive: bool) -> None:
+        """Copy memories (vector, text, new fields) to the other collection, then delete them
+        where they were."""
+        ids = [i for i, _ in moving]
+        got = self._run(user_id, "read the memories", lambda c: c.get(
+            ids=ids, include=["embeddings", "documents"]), archive=not to_archive)
+        if got is None or not got["ids"]:
+            return
+        fields = dict(moving)
+        found = builtins.list(got["ids"])
+        embeddings, docs = got["embeddings"], got["documents"]
+        assert embeddings is not None and docs is not None
+        recs = [fields[i] for i in found]
+        self._run(user_id, "move memories", lambda c: c.upsert(
+            ids=found, embeddings=embeddings, documents=docs,
+            metadatas=replacing(c, found, recs)), create=True, archive=to_archive)
+        self._run(user_id, "move memories", lambda c: c.delete(ids=found),
+                  archive=not to_archive)
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Delete memories by id (unknown ids are ignored)."""
         self._live()
-        if ids:
-            self._run(user_id, "delete memories", lambda c: c.delete(ids=list(ids)))
+        if not ids:
+            return
+        with self._user_lock(user_id), self._coherent(user_id):
+            placed = self._placed(user_id, ids)
+            for archive in (False, True):
+                doomed = [i for i in ids if placed.get(i) == archive]
+                if doomed:
+                    self._run(user_id, "delete memories", lambda c: c.delete(ids=doomed),
+                              archive=archive)
+            cached = self._records.get(user_id) if self._records is not None else None
+            if cached is not None:
+                cached.remove(ids)
 
     def drop_user(self, user_id: str) -> None:
-        """Delete the user's whole collection."""
+        """Delete both of the user's collections."""
         self._live()
-        self._handles.drop(_chroma.collection_name(user_id), user_id=user_id,
-                           what="delete the memories")
+        with self._user_lock(user_id):
+            self._drop_cached(user_id)
+            for name in (_chroma.collection_name, _chroma.archive_collection_name):
+                self._handles.drop(name(user_id), user_id=user_id, what="delete the memories")
 
-    def _records(self, user_id: str, items: Sequence[MemoryItem]) -> list[Record]:
-        for item in items:
-            if item.user_id != user_id:
-                raise InvalidInputError(
-                    f"memory {item.id} belongs to {item.user_id!r}, not {user_id!r}")
-        return [_to_record(i) for i in items]
+    @contextmanager
+    def _coherent(self, user_id: str) -> Iterator[None]:
+        """Drop the user's cached records if a write fails part way (they are reloaded)."""
+        try:
+            yield
+        except BaseException:
+            self._drop_cached(user_id)
+            raise
 
-    def _vector(self, embedding: Sequence[float]) -> list[float]:
+    def _placed(self, user_id: str, ids: Sequence[str]) -> dict[str, bool]:
+        """Where each stored id is (True: the archive); ids stored nowhere are left out."""
+        cached = self._cached(user_id)
+        if cached is not None:
+            out = {}
+            for i in ids:
+                row = cached.row(i)
+                if row is not None:
+                    out[i] = archived(row[1])
+            return out
+        wanted = builtins.list(dict.fromkeys(ids))
+        found: dict[str, bool] = {}
+        for archive in (True, False):  # the hot copy wins if a crash left two
+            got = self._run(user_id, "read the memories", lambda c: c.get(
+                ids=wanted, include=[]), archive=archive)
+            if got is not None:
+                found.update((i, archive) for i in got["ids"])
+        return found
+
+    def _records_of(self, user_id: str, items: Sequence[MemoryItem]) -> builtins.list[Record]:
+        for bad in (i for i in items if i.user_id != user_id):
+            raise InvalidInputError(f"memory {bad.id} belongs to {bad.user_id!r}, not {user_id!r}")
+        return [to_record(i) for i in items]
+
+    def _vector(self, embedding: Sequence[float]) -> builtins.list[float]:
         if len(embedding) != self._dimension:
             raise InvalidInputError(
                 f"an embedding has {len(embedding)} dimensions but this store holds "
@@ -221,13 +412,29 @@ class ChromaVectorStore:
         self._live()
         if not ids:
             return []
-        got = self._run(user_id, "read the memories", lambda c: c.get(
-            ids=list(dict.fromkeys(ids)), include=["documents", "metadatas"]))
-        if got is None:
-            return []
-        rows = {i: (d, m) for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"])}
+        cached = self._cached(user_id)
+        if cached is not None:
+            out = []
+            for i in ids:
+                row = cached.row(i)
+                if row is not None and matches(where, row[1]):
+                    item = self._item(user_id, cached, i)
+                    if item is not None:
+                        out.append(item)
+            return out
+        wanted = builtins.list(dict.fromkeys(ids))
+        rows: dict[str, tuple[str | None, Mapping[str, Any] | None]] = {}
+        for archive in parts_of(where):
+            missing = [i for i in wanted if i not in rows]
+            if not missing:
+                break
+            got = self._run(user_id, "read the memories", lambda c: c.get(
+                ids=missing, include=["documents", "metadatas"]), archive=archive)
+            if got is not None:
+                rows.update((i, (d, m)) for i, d, m in
+                            _rows(got["ids"], got["documents"], got["metadatas"]))
         # filtered here, not by Chroma: its where on a get by ids scans every record
-        return [_to_item(user_id, i, *rows[i]) for i in ids
+        return [to_item(user_id, i, *rows[i]) for i in ids
                 if i in rows and matches(where, rows[i][1])]
 
     def list(
@@ -244,14 +451,40 @@ class ChromaVectorStore:
             raise InvalidInputError("limit and offset must be >= 0")
         if limit == 0:
             return []
+        cached = self._cached(user_id)
+        if cached is not None:
+            out: builtins.list[MemoryItem] = []
+            skip = offset
+            for i in cached.candidates(where):
+                row = cached.row(i)
+                if row is None or not matches(where, row[1]):
+                    continue
+                if skip:
+                    skip -= 1
+                    continue
+                item = self._item(user_id, cached, i)
+                if item is not None:
+                    out.append(item)
+                if limit is not None and len(out) >= limit:
+                    break
+            return out
         compiled = compile_where(where)
-        got = self._run(user_id, "read the memories", lambda c: c.get(
-            where=compiled, limit=limit, offset=offset or None,
-            include=["documents", "metadatas"]))
-        if got is None:
-            return []
-        return [_to_item(user_id, i, d, m)
+        parts = parts_of(where)
+        if len(parts) == 1:  # one collection: Chroma pages
+            got = self._run(user_id, "read the memories", lambda c: c.get(
+                where=compiled, limit=limit, offset=offset or None,
+                include=["documents", "metadatas"]), archive=parts[0])
+            return [] if got is None else [
+                to_item(user_id, i, d, m)
                 for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"])]
+        span = None if limit is None else offset + limit
+        found: dict[str, MemoryItem] = {}
+        for got in self._both(user_id, "read the memories", lambda c: c.get(
+                where=compiled, limit=span, include=["documents", "metadatas"])):
+            for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"]):
+                found.setdefault(i, to_item(user_id, i, d, m))
+        every = builtins.list(found.values())
+        return every[offset:] if limit is None else every[offset : offset + limit]
 
     def query(
         self,
@@ -262,90 +495,93 @@ class ChromaVectorStore:
         where: Filter | None = None,
     ) -> builtins.list[builtins.list[VectorHit]]:
         """One list of the ``limit`` nearest memories (best first, by cosine similarity) per
-        query embedding, in one call to Chroma."""
+        query embedding, in one call to Chroma per collection read."""
         self._live()
         if not embeddings:
             return []
         if limit <= 0:
             return [[] for _ in embeddings]
         vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
-        # Chroma pre-filters a where by scanning all metadata (~50 ms at 10k memories), so first
-        # ask without it for more neighbours and filter here; only lists that the filter thinned
-        # below ``limit`` (while more neighbours exist) are asked again with Chroma's filter.
-        fetch = limit * OVERFETCH if where is not None else limit
-        lists = self._query(user_id, vectors, fetch, None)
+        cached = self._cached(user_id)
+        # A filter that only pins ``current`` is answered by the collection it names, with no
+        # over-fetch. Chroma pre-filters any other where by scanning all metadata (~50 ms at 10k
+        # memories), so first ask without it for more neighbours and filter here; only lists
+        # that the filter thinned below ``limit`` (while more neighbours exist) are asked again
+        # with Chroma's filter.
+        fetch = limit * OVERFETCH if residual(where) is not None else limit
+        merged: builtins.list[builtins.list[_Found]] = [[] for _ in vectors]
+        for archive in parts_of(where):
+            lists = self._query(user_id, vectors, fetch, None, archive, cached)
+            for n, (vector, rows) in enumerate(zip(vectors, lists)):
+                kept = [r for r in rows if matches(where, r[2])]
+                if len(kept) < limit and len(rows) == fetch and where is not None:
+                    kept = self._query(user_id, [vector], limit, where, archive, cached)[0]
+                merged[n].extend(kept)
         out: builtins.list[builtins.list[VectorHit]] = []
-        for vector, rows in zip(vectors, lists):
-            kept = [r for r in rows if matches(where, r[2])]
-            if where is not None and len(kept) < limit and len(rows) == fetch:
-                kept = self._query(user_id, [vector], limit, where)[0]
-            out.append([VectorHit(_to_item(user_id, i, d, m), s) for i, d, m, s in kept[:limit]])
+        for rows in merged:
+            rows.sort(key=lambda r: -r[3])
+            seen: set[str] = set()
+            hits = []
+            for i, d, m, s in rows:
+                if i in seen:
+                    continue
+                seen.add(i)
+                item = (self._item(user_id, cached, i) if cached is not None and
+                        cached.row(i) is not None else to_item(user_id, i, d, m))
+                if item is not None:
+                    hits.append(VectorHit(item, s))
+                if len(hits) == limit:
+                    break
+            out.append(hits)
         return out
 
     def _query(
         self, user_id: str, vectors: builtins.list[PyEmbedding], limit: int,
-        where: Filter | None,
-    ) -> builtins.list[builtins.list[tuple[str, str | None, Mapping[str, Any] | None, float]]]:
+        where: Filter | None, archive: bool, cached: UserRecords | None,
+    ) -> builtins.list[builtins.list[_Found]]:
+        """Chroma's nearest neighbours; with the records in memory only ids and distances are
+        asked for (documents and metadata come from the cache)."""
         compiled = compile_where(where)
+        include: Include = ["distances"] if cached is not None else [
+            "documents", "metadatas", "distances"]
         got = self._run(user_id, "search the memories", lambda c: c.query(
-            query_embeddings=vectors, n_results=limit, where=compiled,
-            include=["documents", "metadatas", "distances"]))
+            query_embeddings=vectors, n_results=limit, where=compiled, include=include),
+            archive=archive)
         if got is None:
             return [[] for _ in vectors]
         docs, metas, dists = got["documents"], got["metadatas"], got["distances"]
-        return [
-            [(i, d, m, 1.0 - float(dist)) for (i, d, m), dist in
-             zip(_rows(ids, docs[n] if docs else None, metas[n] if metas else None),
-                 dists[n] if dists else [])]
-            for n, ids in enumerate(got["ids"])
-        ]
+        out: builtins.list[builtins.list[_Found]] = []
+        for n, ids in enumerate(got["ids"]):
+            rows: builtins.list[_Found] = []
+            for (i, d, m), dist in zip(
+                    _rows(ids, docs[n] if docs else None, metas[n] if metas else None),
+                    dists[n] if dists else []):
+                if cached is not None:
+                    row = cached.row(i)
+                    if row is None:  # not in the copy: it cannot be trusted any more
+                        self._drop_cached(user_id)
+                        return self._query(user_id, vectors, limit, where, archive, None)
+                    d, m = row
+                rows.append((i, d, m, 1.0 - float(dist)))
+            out.append(rows)
+        return out
 
     def count(self, user_id: str) -> int:
-        """How many memories the user has."""
-        return self._run(user_id, "count the memories", lambda c: c.count()) or 0
+        """How many memories the user has (current and not)."""
+        cached = self._cached(user_id)
+        return len(cached) if cached is not None else sum(self._both(user_id, "count the memories", lambda c: c.count()))
 
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
-        """Make deletions and replaced texts physical in embedded mode; a Chroma server manages
-        its own files, so there this does nothing (its operator must compact them).
-
-        Where embedded Chroma keeps a deleted or overwritten document, and what is done about it:
-
-        1. its write-ahead log (``embeddings_queue``) keeps every write's document and metadata
-           until the vector index persists (every ~1000 writes); once the metadata segment has
-           applied a write, the log is kept only so the vector index can replay the vector, so
-           the document and metadata of applied writes are blanked to ``{}`` (what Chroma itself
-           writes for a record without them);
-        2. its trigram full-text index keeps postings of deleted documents until its segments
-           merge: ``optimize`` merges them;
-        3. SQLite keeps deleted rows in free pages and in the free space of pages (Chroma's
-           connection does not use ``secure_delete``): VACUUM rewrites the file without them;
-        4. segment folders no collection uses any more are removed.
-
-        Cost: a rewrite of Chroma's SQLite file, ~proportional to its size (see the README).
-        """
+        """Make deletions and replaced texts physical in embedded mode (what and why:
+        :func:`hybridmem._chroma.purge_embedded`); a Chroma server manages its own files, so there
+        this does nothing (its operator must compact them). Cost: a rewrite of Chroma's SQLite
+        file, ~proportional to its size (see the README)."""
         self._live()
         if self._path is None:
             return
-        db = self._path / "chroma.sqlite3"
-        if not db.exists():
-            return
         with self._lock:
-            try:
-                conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
-                try:
-                    conn.execute("PRAGMA secure_delete=ON")
-                    live = {row[0] for row in conn.execute("SELECT id FROM segments")}
-                    _blank_applied_log(conn)
-                    _optimize_fulltext(conn)
-                    conn.execute("VACUUM")
-                finally:
-                    conn.close()
-            except sqlite3.Error as exc:
-                raise StorageError(f"could not compact {db}: {exc}") from exc
-            for child in self._path.iterdir():
-                if child.is_dir() and _UUID.match(child.name) and child.name not in live:
-                    shutil.rmtree(child, ignore_errors=True)
+            _chroma.purge_embedded(self._path)
 
     def close(self) -> None:
         """Forget cached handles and release the client; idempotent."""
@@ -353,165 +589,11 @@ class ChromaVectorStore:
             if self._closed:
                 return
             self._closed = True
+            loaders = builtins.list(self._loaders.values())
+        for loader in loaders:  # a load in flight uses the client: let it finish first
+            loader.join()
+        with self._lock:
+            if self._records is not None:
+                self._records.clear()
             self._handles.clear()
             _chroma.close_client(self._handles.client)
-
-
-# -- physical erasure in Chroma's SQLite file -------------------------------------------------
-def _blank_applied_log(conn: sqlite3.Connection) -> None:
-    """Blank documents and metadata in Chroma's log for writes its metadata segment has applied
-    (their vectors stay: the vector index replays them from the log until it persists)."""
-    applied = conn.execute(
-        "SELECT s.collection, m.seq_id FROM segments s JOIN max_seq_id m ON m.segment_id = s.id "
-        "WHERE s.scope = 'METADATA'"
-    ).fetchall()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for collection, seq_id in applied:
-            if not isinstance(seq_id, int):  # an older Chroma stored bytes: leave the log alone
-                continue
-            conn.execute(
-                "UPDATE embeddings_queue SET metadata = '{}' WHERE seq_id <= ? AND topic LIKE ? "
-                "AND metadata IS NOT NULL AND metadata != '{}'",
-                (seq_id, f"%/{collection}"),
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _optimize_fulltext(conn: sqlite3.Connection) -> None:
-    """Merge the segments of Chroma's full-text index, dropping postings of deleted documents."""
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'embedding_fulltext_search'").fetchone()
-    if exists:
-        conn.execute("INSERT INTO embedding_fulltext_search(embedding_fulltext_search) "
-                     "VALUES ('optimize')")
-
-
-# -- the record layout ---------------------------------------------------------------------------
-def _to_record(item: MemoryItem) -> Record:
-    """The flat record metadata of ``item``; None values delete keys when written."""
-    meta: Record = {name: getattr(item, name) for name in _PLAIN_FIELDS}
-    for name in _TIME_FIELDS:
-        value: datetime | None = getattr(item, name)
-        meta[f"{name}_ts"] = None if value is None else value.timestamp()
-    meta["current"] = item.is_current
-    meta["has_key"] = item.key is not None
-    meta["text_hash"] = text_hash(item.text)
-    meta["user_id"] = item.user_id
-    for key, val in item.metadata.items():
-        meta[META_PREFIX + key] = val
-    return meta
-
-
-def _replacing(collection: Collection, ids: Sequence[str], records: Sequence[Record]
-               ) -> builtins.list[Metadata]:
-    """``records`` plus None for each key the stored record has and the new one lacks (Chroma
-    merges metadata on writes; None deletes a key)."""
-    old = collection.get(ids=list(ids), include=["metadatas"])
-    stale = {i: m for i, _, m in _rows(old["ids"], None, old["metadatas"]) if m}
-    return [{**{k: None for k in stale.get(i, {}) if k not in r}, **r}
-            for i, r in zip(ids, records)]
-
-
-def _to_item(user_id: str, id_: str, text: str | None, meta: Mapping[str, Any] | None
-             ) -> MemoryItem:
-    """Rebuild a :class:`MemoryItem` from a stored record."""
-    m = meta or {}
-    fields: dict[str, Any] = {name: m[name] for name in _PLAIN_FIELDS if name in m}
-    for name in _TIME_FIELDS:
-        ts = m.get(f"{name}_ts")
-        fields[name] = (datetime.fromtimestamp(float(ts), tz=timezone.utc)
-                        if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None)
-    if fields["updated_at"] is None:
-        fields["updated_at"] = fields["created_at"]
-    fields["metadata"] = {k[len(META_PREFIX):]: v for k, v in m.items()
-                          if k.startswith(META_PREFIX)}
-    try:
-        return MemoryItem(id=id_, user_id=str(m.get("user_id", user_id)), text=text or "",
-                          **fields)
-    except ValueError as exc:  # pydantic's ValidationError
-        raise CorruptStateError(
-            f"the stored memory {id_} of {user_id!r} cannot be read back: {exc}") from exc
-
-
-def _rows(ids: Sequence[str], docs: Sequence[str | None] | None,
-          metas: Sequence[Mapping[str, Any] | None] | None
-          ) -> Iterable[tuple[str, str | None, Mapping[str, Any] | None]]:
-    """Chroma's columns as (id, document, metadata) rows (a column not included is None)."""
-    for n, id_ in enumerate(ids):
-        yield id_, docs[n] if docs else None, metas[n] if metas else None
-
-
-# -- filters: compiled for Chroma, evaluated in Python -------------------------------------------
-def _key(cond: Condition) -> str:
-    return META_PREFIX + cond.field if cond.metadata else cond.field
-
-
-def compile_where(flt: Filter | None) -> Where | None:
-    """A :data:`Filter` as a Chroma ``where`` on our record layout (None: no filter)."""
-    if flt is None:
-        return None
-    if isinstance(flt, Condition):
-        value = list(flt.value) if isinstance(flt.value, tuple) else flt.value
-        return {_key(flt): {flt.op: value}}  # type: ignore[dict-item]  # op and value checked
-    if isinstance(flt, AnyOf) and not flt.parts:
-        raise InvalidInputError("an empty AnyOf matches nothing; leave the filter out instead")
-    parts = [p for p in map(compile_where, flt.parts) if p is not None]
-    if len(parts) <= 1:
-        return parts[0] if parts else None
-    return {"$and" if isinstance(flt, AllOf) else "$or": parts}
-
-
-def matches(flt: Filter | None, meta: Mapping[str, Any] | None) -> bool:
-    """Evaluate a filter on one record's metadata in Python, exactly as Chroma would.
-
-    Chroma answers ``get(ids=..., where=...)`` with a scan of the whole collection's metadata
-    (~250 ms at 10k memories); fetching by id and filtering here costs microseconds.
-    """
-    if flt is None:
-        return True
-    if isinstance(flt, Condition):
-        value = (meta or {}).get(_key(flt), _MISSING)
-        return _test(flt, _MISSING if value is None else value)
-    if isinstance(flt, AllOf):
-        return all(matches(p, meta) for p in flt.parts)
-    if not flt.parts:
-        raise InvalidInputError("an empty AnyOf matches nothing; leave the filter out instead")
-    return any(matches(p, meta) for p in flt.parts)
-
-
-def _test(cond: Condition, value: object) -> bool:
-    expected = cond.value if isinstance(cond.value, tuple) else (cond.value,)
-    if cond.op in ("$ne", "$nin"):
-        return value is _MISSING or not any(_same(value, e) for e in expected)
-    if value is _MISSING:
-        return False
-    if cond.op in ("$eq", "$in"):
-        return any(_same(value, e) for e in expected)
-    a, b = value, cond.value
-    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))
-            and _number(a) and _number(b)):
-        return False  # ordering compares numbers only (as in Chroma)
-    if cond.op == "$gt":
-        return a > b
-    if cond.op == "$gte":
-        return a >= b
-    if cond.op == "$lt":
-        return a < b
-    if cond.op == "$lte":
-        return a <= b
-    raise InvalidInputError(f"unknown filter operator {cond.op!r}")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _same(value: object, expected: Scalar) -> bool:
-    """Chroma's equality: numbers across int and float; booleans and strings only with their own."""
-    if _number(value) and _number(expected):
-        return value == expected
-    return type(value) is type(expected) and value == expected

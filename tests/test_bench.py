@@ -115,7 +115,8 @@ def test_locomo_runs_on_a_tiny_conversation(tmp_path: Path) -> None:
 
 def test_latency_runs_on_a_small_user(tmp_path: Path) -> None:
     out = tmp_path / "latency.json"
-    proc = _run("latency.py", "--sizes", "50", "--queries", "5", "--single", "5", "--out", str(out))
+    proc = _run("latency.py", "--sizes", "50", "--queries", "5", "--single", "5", "--out", str(out),
+                "--cold-runs", "1", "--rest-seconds", "2")
     result = json.loads(out.read_text(encoding="utf-8"))
 
     assert {"git", "timestamp", "machine", "settings", "sizes"} <= result.keys()
@@ -131,7 +132,10 @@ def test_latency_runs_on_a_small_user(tmp_path: Path) -> None:
     assert {"entities_in_ms", "neighbourhood_ms", "load_ms"} <= row["graph"].keys()
     assert row["disk"]["total"] > 0 and row["disk"]["bytes_per_memory"] > 0
     assert row["memory"]["peak_rss_mb"] > 0
-    assert "| 50 |" in proc.stdout
+    cold = row["cold"]  # subprocesses: Memory(), the CLI, a bare process, a real uvicorn
+    assert cold["memory_init_s"] > 0 and cold["cli_search_s"] > 0 and cold["bare_process_s"] > 0
+    assert cold["rest"]["clients"] == 8 and cold["rest"]["errors"] == 0
+    assert "| 50 |" in proc.stdout and "requests/s" in proc.stdout
 
 
 def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
