@@ -35,7 +35,9 @@ from typing import Literal
 
 from hybridmem.models import ScoreBreakdown
 
-__all__ = ["GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "fuse"]
+__all__ = [
+    "GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "fuse", "graph_seeds", "graph_signal"
+]
 
 #: Each graph hop multiplies the graph signal by this factor.
 GRAPH_DAMPING = 0.5
@@ -50,6 +52,7 @@ class Candidate:
     vector_rank: int | None = None
     lexical: float | None = None
     lexical_rank: int | None = None
+    graph: float | None = None  # the graph signal; None: GRAPH_DAMPING ** graph_hops
     graph_hops: int | None = None
     graph_path: str | None = None
     graph_rank: int | None = None
@@ -78,22 +81,42 @@ def decay(age_days: float, half_life_days: float) -> float:
     return float(0.5 ** (max(age_days, 0.0) / half_life_days))
 
 
-def _base(c: Candidate, w: Weights, max_lexical: float) -> float:
+def graph_signal(c: Candidate) -> float | None:
+    """The graph's evidence for a candidate: its activation, or ``GRAPH_DAMPING ** hops``."""
+    if c.graph is not None:
+        return c.graph
+    return None if c.graph_hops is None else float(GRAPH_DAMPING**c.graph_hops)
+
+
+def _base(c: Candidate, w: Weights, max_lexical: float, *, graph: bool = True) -> float:
+    g = graph_signal(c) if graph else None
     if w.fusion == "weighted":
         score = w.vector * (c.vector or 0.0)
         if c.lexical is not None and max_lexical > 0:
             score += w.lexical * c.lexical / max_lexical
-        if c.graph_hops is not None:
-            score += w.graph * GRAPH_DAMPING**c.graph_hops
+        if g is not None:
+            score += w.graph * g
         return score
     score = 0.0
     if c.vector_rank is not None:
         score += w.vector / (w.rrf_k + c.vector_rank)
     if c.lexical_rank is not None:
         score += w.lexical / (w.rrf_k + c.lexical_rank)
-    if c.graph_hops is not None and c.graph_rank is not None:
-        score += w.graph * GRAPH_DAMPING**c.graph_hops / (w.rrf_k + c.graph_rank)
+    if g is not None and c.graph_rank is not None:
+        score += w.graph * g / (w.rrf_k + c.graph_rank)
     return score
+
+
+def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[tuple[str, float]]:
+    """The ``n`` best candidates before the graph step, each with its score divided by the best
+    one's (so the best has mass 1): where graph activation starts."""
+    max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
+    scored = sorted(
+        ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
+        key=lambda pair: pair[1], reverse=True,
+    )[:n]
+    top = scored[0][1] if scored else 0.0
+    return [(m, s / top) for m, s in scored if s > 0] if top > 0 else []
 
 
 def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:
@@ -113,7 +136,7 @@ def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate,
             vector_rank=c.vector_rank,
             lexical=c.lexical,
             lexical_rank=c.lexical_rank,
-            graph=None if c.graph_hops is None else GRAPH_DAMPING**c.graph_hops,
+            graph=graph_signal(c),
             graph_hops=c.graph_hops,
             graph_path=c.graph_path,
             recency=recency,
