@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     candidates: int = Field(default=50, ge=1, le=1000)
     vector_weight: float = Field(default=1.0, ge=0)
     lexical_weight: float = Field(default=1.0, ge=0)
-    graph_weight: float = Field(default=0.1, ge=0)
+    graph_weight: float = Field(default=1.0, ge=0)
     recency_weight: float = Field(default=0.0, ge=0)
     half_life_days: float = Field(default=30.0, gt=0)
     importance_weight: float = Field(default=0.0, ge=0)

@@ -24,10 +24,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hybridmem.concepts import concepts
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.text import entity_key
 
-__all__ = ["RuleExtractor", "concepts"]
+__all__ = ["RuleExtractor"]
 
 _MAX_OBJECT_WORDS = 6
 _MAX_NAME = 200
@@ -99,25 +100,6 @@ _JUNK = _words(
     "ms fps mp px dpi rpm inch inches ft we've we'll we're we'd you've you'll you're they've "
     "they'll they're he's she's i'll i'd let's"
 )
-#: Words that open a noun phrase: the concept after them is the thing talked about.
-_NP_OPENERS = _words(
-    "a an the my our your his her their this that these those some another any every"
-)
-#: Adjectives and quantities that open phrases without naming a topic ("a great time").
-_NP_VAGUE = _words(
-    "great good nice new old little big lot lots few bit couple long hard same other whole real "
-    "amazing wonderful beautiful awesome lovely cool fun best first last next own huge small "
-    "tough special different perfect favorite favourite fantastic incredible terrible bad "
-    "most more many much such very quite so really kind sort type way part thing things "
-    "stuff time times day days moment moments one ones"
-)
-#: Words that cannot be the head of a concept (verbs, adverbs, pronouns seen after openers).
-_NP_STOP = (_STARTERS - _NP_VAGUE) | _words(
-    "been being going doing getting making having seeing to of for with at by in on as is are "
-    "was were be it its than then too very so just really also how what when where why who "
-    "lately ago weekend weekends tonight everyday anyway together"
-)
-_CONCEPT_WORD = re.compile(r"^[a-z][a-z-]*[a-z]$")
 _PLACE_CUES = _words("in from near visited visiting visit around across")
 _PERSON_CUES = _words(
     "with named called friend sister brother mom dad mother father wife husband mr mrs ms dr met "
@@ -357,55 +339,6 @@ def _spans(sentence: str, masks: list[_Span]) -> list[_Span]:
     return out
 
 
-_NP_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|[^\sA-Za-z]+")
-#: Prepositions that, like determiners, open a noun phrase ("went to pottery class").
-_NP_PREPS = _words("to at in for about with from into on of")
-
-
-def _singular(word: str) -> str:
-    """A crude singular for a concept's last word, so "adoption agencies" meets "adoption agency"."""
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes")):
-        return word[:-2]
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is", "'s")):
-        return word[:-1]
-    return word
-
-
-def concepts(sentence: str) -> list[str]:
-    """Topic phrases: two or three lower-case words after a determiner or preposition ("a
-    pottery class", "to the adoption agency"), vague adjectives dropped ("a great support group"
-    -> "support group"), the last word made singular. Offline and cheap; names are left to the
-    capitalised-span rules."""
-    toks = [m.group() for m in _NP_TOKEN.finditer(sentence)]
-    out: dict[str, None] = {}
-    i, n = 0, len(toks)
-    while i < n:
-        low = toks[i].lower()
-        if low not in _NP_OPENERS and low not in _NP_PREPS:
-            i += 1
-            continue
-        j = i + 1
-        while j < n and toks[j].lower() in _NP_OPENERS:
-            j += 1
-        phrase: list[str] = []
-        while j < n and len(phrase) < 4:
-            tok = toks[j]
-            if not _CONCEPT_WORD.match(tok) or tok in _NP_STOP or tok in _NP_PREPS:
-                break
-            if tok in _NP_VAGUE and any(w not in _NP_VAGUE for w in phrase):
-                break  # "the lake last weekend": the phrase ended before "last"
-            phrase.append(tok)
-            j += 1
-        while phrase and phrase[0] in _NP_VAGUE:
-            phrase = phrase[1:]
-        if 2 <= len(phrase) <= 3 and phrase[-1] not in _NP_VAGUE:
-            out[" ".join(phrase[:-1] + [_singular(phrase[-1])])] = None
-        i = max(j, i + 1)
-    return list(out)
-
-
 def _clean_object(rest: str) -> str | None:
     """The object noun phrase: cut at a clause boundary, no determiners, its last 6 words."""
     rest = _OBJECT_PREFIX.sub("", rest)
@@ -524,7 +457,7 @@ class RuleExtractor:
             for s in masks + spans:
                 entity(s.text, s.type, False)
             if self.concepts:
-                for phrase in concepts(sentence):
+                for phrase in concepts(sentence, _STARTERS):
                     if entity_key(phrase) not in entities:
                         entity(phrase, "concept", False)
             self._relations(sentence, who, masks, spans, entity, relate, last_product)
