@@ -1,9 +1,9 @@
 """The read path: hybrid search, and the bookkeeping a search leaves behind.
 
 :meth:`Retriever.search` gathers candidates from three retrievers — the vector store (cosine), the
-lexical index (BM25) and the graph (memories within ``graph_hops`` of the entities the query names
-or the top hits mention) — hydrates them from the vector store, drops expired ones and fuses the
-signals with :func:`hybridmem.ranking.fuse`. :class:`AccessLog` counts what searches returned in
+lexical index (BM25) and the graph (activation spread from the best hits and the query's entities,
+see :mod:`hybridmem.graphrank`) — hydrates them from the vector store, drops expired ones and fuses
+the signals with :func:`hybridmem.ranking.fuse`. :class:`AccessLog` counts what searches returned in
 memory and writes the counts in batches, so a search never waits for a write.
 """
 
@@ -26,7 +26,7 @@ from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 __all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "AccessLog", "Extras", "Retriever"]
 
 log = logging.getLogger(__name__)
-#: How many of the top hits lend their entities to graph expansion.
+#: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
 GRAPH_SEED_HITS = 5
 #: Buffered memory accesses written to the store at once.
 ACCESS_FLUSH = 512
