@@ -74,6 +74,8 @@ RANKING_FIELDS = (
     "importance_weight",
     "rrf_k",
     "graph_hops",
+    "graph_seeds",
+    "graph_episodic",
     "fusion",
 )
 
@@ -375,7 +377,8 @@ def parse_extra(spec: str) -> Config:
         elif key == "fusion":
             cfg.fusion = value
         elif key in RANKING_FIELDS:
-            cfg.overrides[key] = int(value) if key in ("candidates", "graph_hops") else float(value)
+            integer = key in ("candidates", "graph_hops", "graph_seeds")
+            cfg.overrides[key] = int(value) if integer else float(value)
         else:
             raise SystemExit(
                 f"--extra: unknown key {key!r} (use one of {RANKING_FIELDS}, data, fusion)"

@@ -7,7 +7,8 @@ the same reader loads our own files and graphs imported from elsewhere: a bad va
 naming what is wrong, not later inside a search.
 
 In memory, node times are aware UTC datetimes and aliases and memory ids are sets; on disk they
-are ISO strings and sorted lists.
+are ISO strings and sorted lists. The graph's own attribute ``next`` ({memory id: memory id})
+holds the episodic links (see :class:`hybridmem._graphstate.UserGraph`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ def graph_from(data: object) -> nx.DiGraph[str]:
     for u, v, attrs in g.edges(data=True):
         attrs["evidence"] = _evidence(attrs, f"edge {u!r} -> {v!r}")
         refresh_edge(attrs)
+    nexts = g.graph.get("next", {})
+    if not isinstance(nexts, Mapping) or not all(
+        isinstance(a, str) and isinstance(b, str) for a, b in nexts.items()
+    ):
+        raise ValueError("graph attribute 'next' is not a {memory id: memory id} object")
+    g.graph["next"] = dict(nexts)
     return g
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 import networkx as nx
 
 from hybridmem._graphio import MAX_PREDICATE, refresh_edge
 from hybridmem.models import Extraction
+from hybridmem.resolve import better_name, resolve_by_tokens
 from hybridmem.text import entity_key
 
 __all__ = ["LOG_FILE", "Stamp", "UserGraph", "stamp_of"]
@@ -48,6 +50,19 @@ class UserGraph:
     aliases: dict[str, set[str]] = field(default_factory=dict)  # canonical alias -> node keys
     mem_nodes: dict[str, set[str]] = field(default_factory=dict)
     mem_edges: dict[str, set[Edge]] = field(default_factory=dict)
+    #: entity-key word -> node keys whose aliases hold it (for :mod:`hybridmem.resolve`)
+    words: dict[str, set[str]] = field(default_factory=dict)
+    #: episodic links, derived from ``graph.graph["next"]`` (memory id -> the one written after it)
+    prevs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nexts(self) -> dict[str, str]:
+        """Episodic links: memory id -> the memory written right after it in the same batch
+        (kept in the graph's own attributes, so the node-link snapshot carries them)."""
+        found = self.graph.graph.get("next")
+        if not isinstance(found, dict):
+            found = self.graph.graph["next"] = {}
+        return found
 
     @property
     def log_path(self) -> Path | None:
@@ -60,9 +75,14 @@ class UserGraph:
         self.aliases.clear()
         self.mem_nodes.clear()
         self.mem_edges.clear()
+        self.words.clear()
+        self.prevs = {b: a for a, b in self.nexts.items()}
         for key, attrs in self.graph.nodes(data=True):
             for alias in {key, *attrs["aliases"]}:
-                self.aliases.setdefault(entity_key(alias), set()).add(key)
+                canon = entity_key(alias)
+                self.aliases.setdefault(canon, set()).add(key)
+                for word in canon.split():
+                    self.words.setdefault(word, set()).add(key)
             for mid in attrs["memory_ids"]:
                 self.mem_nodes.setdefault(mid, set()).add(key)
         for u, v, attrs in self.graph.edges(data=True):
@@ -80,6 +100,7 @@ class UserGraph:
 
     def add(self, items: Sequence[tuple[str, Extraction]], seen: datetime) -> None:
         """Apply extractions to the in-memory graph and its indexes (idempotent)."""
+        self._link([m for m, _ in items])
         for memory_id, extraction in items:
             names = [e.name for e in extraction.entities]
             names += [n for r in extraction.relations for n in (r.subject, r.object)]
@@ -105,14 +126,51 @@ class UserGraph:
                 self.mem_edges.setdefault(memory_id, set()).add((u, v))
 
 
+    def _resolve_form(self, canon: str, type_: str) -> str | None:
+        """The one node this new name is a longer or shorter form of (see :mod:`hybridmem.resolve`)."""
+        g = self.graph
+        return resolve_by_tokens(
+            tuple(canon.split()), type_, self.words,
+            lambda key: [tuple(entity_key(a).split()) for a in {key, *g.nodes[key]["aliases"]}],
+            lambda key: str(g.nodes[key]["type"]),
+        )
+
+    def _link(self, memory_ids: Sequence[str]) -> None:
+        """Episodic links between memories written one after the other in one batch (one
+        ``add_many`` / ``add_messages`` call: a conversation's session, a question and its
+        answer). A memory keeps the first links it got, so re-adding a memory (re-extraction, a
+        replayed log) changes nothing."""
+        nexts = self.nexts
+        for a, b in pairwise(dict.fromkeys(memory_ids)):
+            if a not in nexts and b not in self.prevs:
+                nexts[a], self.prevs[b] = b, a
+
+    def _unlink(self, memory_id: str) -> bool:
+        """Drop a memory from its episode; its neighbours become each other's (the conversation
+        went on without it)."""
+        nexts = self.nexts
+        before, after = self.prevs.pop(memory_id, None), nexts.pop(memory_id, None)
+        if before is not None:
+            del nexts[before]
+        if after is not None:
+            del self.prevs[after]
+        if before is not None and after is not None:
+            nexts[before], self.prevs[after] = after, before
+        return before is not None or after is not None
+
     def _node(
         self, name: str, canon: str, type_: str, memory_id: str, seen: datetime
     ) -> str | None:
         """Create or update the node for ``name``; the same entity never becomes two nodes."""
-        key = self.resolve(name, canon) or canon
-        if not key:
+        if not canon:
             return None
+        key = self.resolve(name, canon)
         g = self.graph
+        if key is None:
+            key = self._resolve_form(canon, type_)
+            if key is not None and better_name(name.strip(), g.nodes[key]["name"]):
+                g.nodes[key]["name"] = name.strip()  # "4K monitor" seen first, then "Dell 4K monitor"
+        key = key or canon
         if key not in g:
             g.add_node(
                 key,
@@ -127,6 +185,8 @@ class UserGraph:
         attrs = g.nodes[key]
         attrs["aliases"].add(" ".join(name.split()))
         self.aliases.setdefault(canon, set()).add(key)
+        for word in canon.split():
+            self.words.setdefault(word, set()).add(key)
         if attrs["type"] == "thing" and type_ != "thing":
             attrs["type"] = type_  # a more specific type wins over the generic one
         attrs["last_seen"] = max(attrs["last_seen"] or seen, seen)
@@ -142,6 +202,7 @@ class UserGraph:
         g, changed = self.graph, False
         touched: set[str] = set()
         for mid in memory_ids:
+            changed = self._unlink(mid) or changed
             for u, v in self.mem_edges.pop(mid, set()):
                 if not g.has_edge(u, v):
                     continue

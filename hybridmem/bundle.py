@@ -187,6 +187,7 @@ def _check_graph(data: Mapping[str, Any] | None, ids: set[str]) -> nx.DiGraph[st
             for predicate in attrs["evidence"]:
                 check_unicode(predicate, "a graph predicate")
             cited |= attrs["memory_ids"]
+        cited |= {m for link in graph.graph["next"].items() for m in link}  # episodic links
     except ValueError as exc:  # InvalidInputError is one too
         raise InvalidInputError(f"invalid graph in export: {exc}") from exc
     unknown = sorted(cited - ids)
@@ -322,6 +323,13 @@ def _merged_graph(stores: Stores, user_id: str, graph: nx.DiGraph[str],
         for predicate, support in attrs["evidence"].items():
             evidence.setdefault(predicate, {}).update(support)
         refresh_edge(mine.edges[u, v])
+    links = {a: b for a, b in mine.graph["next"].items() if not {a, b} & replaced}
+    taken = set(links.values())
+    for a, b in graph.graph["next"].items():  # the export's episodic links, where still free
+        if a not in links and b not in taken:
+            links[a] = b
+            taken.add(b)
+    mine.graph["next"] = links
     return node_link(mine)
 
 

@@ -85,15 +85,19 @@ class Settings(BaseSettings):
     # write policy (see hybridmem.policy)
     dedup: bool = Field(default=True, description="Merge identical and near-duplicate facts.")
     dedup_jaccard: float = Field(default=0.6, ge=0, le=1)
-    dedup_cosine: float = Field(default=0.92, ge=0, le=1)
+    dedup_cosine: float = Field(
+        default=0.68, ge=0, le=1,
+        description="Cosine at which two facts are near-duplicates (local MiniLM; see "
+        "bench/dedup_calibration.py).",
+    )
     judge: bool = Field(default=True, description="Ask the LLM about facts in the cosine band.")
-    judge_band_min: float = Field(default=0.75, ge=0, le=1)
+    judge_band_min: float = Field(default=0.5, ge=0, le=1)
 
     # ranking (see hybridmem.ranking for the formula)
     candidates: int = Field(default=50, ge=1, le=1000)
     vector_weight: float = Field(default=1.0, ge=0)
     lexical_weight: float = Field(default=1.0, ge=0)
-    graph_weight: float = Field(default=0.1, ge=0)
+    graph_weight: float = Field(default=1.0, ge=0)
     recency_weight: float = Field(default=0.0, ge=0)
     half_life_days: float = Field(default=30.0, gt=0)
     importance_weight: float = Field(default=0.0, ge=0)
@@ -101,7 +105,17 @@ class Settings(BaseSettings):
     fusion: Literal["rrf", "weighted"] = Field(
         default="weighted", description="How signals are fused; see hybridmem.ranking."
     )
-    graph_hops: int = Field(default=1, ge=0, le=4)
+    graph_hops: int = Field(
+        default=1, ge=0, le=4, description="Steps graph activation spreads from the best hits."
+    )
+    graph_seeds: int = Field(
+        default=10, ge=0, le=100, description="Best hits graph activation starts from."
+    )
+    graph_episodic: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Share of a hit's activation passed to the memories written just before and "
+        "after it in one batch (0: no episodic links).",
+    )
     min_score: float = Field(
         default=0.0, ge=0,
         description="Hits with a fused score below this are left out of search and context "

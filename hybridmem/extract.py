@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hybridmem.concepts import concepts
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.text import entity_key
 
@@ -91,6 +92,13 @@ _BRANDS = _words(
 _ORG_SUFFIX = _words(
     "inc ltd llc corp corporation company co gmbh sa group bank university college school hospital "
     "institute foundation agency studio studios labs technologies airlines"
+)
+#: Names that are roles, units or fillers, never entities ("Agent", "GHz", "We've").
+_JUNK = _words(
+    "agent user assistant customer client support admin bot system team staff operator rep "
+    "representative moderator hz khz mhz ghz w kw v mah wh gb tb mb kb mm cm km kg lb lbs oz "
+    "ms fps mp px dpi rpm inch inches ft we've we'll we're we'd you've you'll you're they've "
+    "they'll they're he's she's i'll i'd let's"
 )
 _PLACE_CUES = _words("in from near visited visiting visit around across")
 _PERSON_CUES = _words(
@@ -311,6 +319,12 @@ def _spans(sentence: str, masks: list[_Span]) -> list[_Span]:
             low = lows[run[0]]
             if low.endswith(("ed", "ing", "ly")) or nxt in _VERBISH_NEXT:
                 continue  # "Bought a ...", "Loving the ..." at a sentence start
+        if all(lows[x] in _JUNK or lows[x].isdigit() for x in run):
+            continue  # roles, units, bare numbers
+        if len(run) == 1 and run[0] == first and not extended and lows[run[0]] not in _BRANDS:
+            acts = nxt in _PERSON_NEXT or (len(nxt) > 3 and nxt.endswith(("ed", "s")))
+            if not acts and words[run[0]][1:].islower():
+                continue  # a capitalised sentence opener ("Found ...", "Drop ..."), not a name
         text = sentence[toks[run[0]].start() : toks[run[-1]].end()]
         if text.endswith(("'s", "’s")):
             text = text[:-2]
@@ -397,6 +411,10 @@ class RuleExtractor:
 
     name = "rules"
 
+    def __init__(self, *, concepts: bool = True) -> None:
+        #: Also emit topic phrases ("pottery class") as ``concept`` entities (see :func:`concepts`).
+        self.concepts = concepts
+
     def extract(self, text: str, *, speaker: str | None = None) -> Extraction:
         """Entities (with types) and relations found in ``text``; never raises on odd input."""
         m = _SPEAKER.match(text)
@@ -406,6 +424,10 @@ class RuleExtractor:
             and (speaker is None or entity_key(speaker) == entity_key(m.group(1)))
         ):
             speaker, text = m.group(1), m.group(2)
+        elif m and m.group(1).lower() in _JUNK:
+            text = m.group(2)  # "Agent: ..." said by the assistant: the label is a role, not a name
+        elif speaker and text.casefold().startswith(speaker.casefold() + ":"):
+            text = text[len(speaker) + 1 :].lstrip()  # "client_123: ..." (a lower-case id)
         who = (speaker or "user").strip()[:_MAX_NAME] or "user"
         entities: dict[str, Entity] = {}
         relations: dict[tuple[str, str, str], Relation] = {}
@@ -434,6 +456,10 @@ class RuleExtractor:
             spans = _spans(sentence, masks)
             for s in masks + spans:
                 entity(s.text, s.type, False)
+            if self.concepts:
+                for phrase in concepts(sentence, _STARTERS):
+                    if entity_key(phrase) not in entities:
+                        entity(phrase, "concept", False)
             self._relations(sentence, who, masks, spans, entity, relate, last_product)
             last_product = next(
                 (e.name for e in reversed(entities.values()) if e.type == "product"), last_product

@@ -51,6 +51,7 @@ from hybridmem._graphio import (
     truncate,
 )
 from hybridmem._graphstate import LOG_FILE, UserGraph, stamp_of
+from hybridmem.graphrank import EPISODIC, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
 from hybridmem.text import words
@@ -383,6 +384,19 @@ class NetworkXGraphStore:
                 if not frontier or len(found) >= self.max_memories:
                     break
             return found
+
+    def activation(
+        self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
+        episodic: float = EPISODIC,
+    ) -> dict[str, tuple[float, int, str]]:
+        """memory id -> (graph signal, hops, readable path): activation spread from seed memories
+        (id, mass) and the entities ``query`` names, over entities and episodic links (see
+        :mod:`hybridmem.graphrank`). Costs O(seeds x their entities' memories), bounded."""
+        if hops < 0:
+            raise InvalidInputError("hops must be >= 0")
+        with self._lock:
+            named = self.entities_in(user_id, query)
+            return activate(self._state(user_id), seeds, named, hops=hops, episodic=episodic)
 
     def _hub(self, st: UserGraph, key: str) -> bool:
         """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more

@@ -32,6 +32,7 @@ __all__ = [
     "near_duplicate",
     "parse_verdict",
     "richer_text",
+    "substitution",
 ]
 
 #: Predicates with one current value per subject: a new object replaces the old one.
@@ -68,15 +69,35 @@ def jaccard(a: str, b: str) -> float:
 
 
 def near_duplicate(
-    a: str, b: str, cosine: float, *, jaccard_min: float = 0.6, cosine_min: float = 0.92
+    a: str, b: str, cosine: float, *, jaccard_min: float = 0.6, cosine_min: float = 0.68
 ) -> bool:
     """True when two texts say (nearly) the same: token Jaccard or embedding cosine above its bar.
 
-    Texts that mention different numbers (order ids, prices, dates, quantities) are never
-    duplicates, however similar the rest: "order 1041" and "order 1042" are two facts."""
+    Two guards come first, because a small embedder scores a restated sentence with one value
+    changed as close as a paraphrase (MiniLM: "I prefer wired mice" / "I prefer wireless mice"
+    .9), and merging those would lose a fact (``bench/dedup_calibration.py`` measures this):
+
+    - different numbers (order ids, prices, dates, quantities): "order 1041" and "order 1042";
+    - a *substitution*: the same content words but one or two swapped on each side, with at least
+      as many shared ("I live in Lyon" / "I live in Berlin", "my cat is called Pixel" / "my dog is
+      called Pixel"). That is an update or another fact, never a rewording; a paraphrase changes
+      more of the words."""
     if sorted(_NUMBER.findall(a)) != sorted(_NUMBER.findall(b)):
         return False
+    if substitution(a, b):
+        return False
     return cosine >= cosine_min or jaccard(a, b) >= jaccard_min
+
+
+def substitution(a: str, b: str) -> bool:
+    """True when ``b`` is ``a`` with one or two content words swapped for others (see
+    :func:`near_duplicate`)."""
+    left, right = set(content_words(a)), set(content_words(b))
+    shared, only_a, only_b = left & right, left - right, right - left
+    return (
+        bool(shared) and 1 <= len(only_a) <= 2 and 1 <= len(only_b) <= 2
+        and len(shared) >= max(len(only_a), len(only_b))
+    )
 
 
 def richer_text(a: str, b: str) -> str:

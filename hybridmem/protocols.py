@@ -251,6 +251,14 @@ class GraphStore(Protocol):
         """memory id -> (hops from the nearest seed entity, a readable path) within ``hops``."""
         ...
 
+    def activation(
+        self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
+        episodic: float = 0.5,
+    ) -> dict[str, tuple[float, int, str]]:
+        """memory id -> (graph signal, hops, readable path): activation spread from seed memories
+        (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`)."""
+        ...
+
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> builtins.list[str]:
         """Canonical keys of the entities that the given memories mention."""
         ...

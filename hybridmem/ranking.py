@@ -4,28 +4,34 @@ Signals per candidate memory ``m``:
 
 - vector: rank ``r_v(m)`` among the cosine-nearest memories (and the similarity itself);
 - lexical: rank ``r_l(m)`` by SQLite FTS5 ``bm25()``;
-- graph: ``h(m)`` hops from an entity of the query (or from an entity of the top hits, counted one hop
-  further); graph candidates are ranked by ``h`` then by arrival order, ``r_g(m)``;
+- graph: ``g(m)``, the activation that reached ``m`` over the memory–entity graph and the episodic
+  links from the best vector/lexical hits and the query's entities (see :mod:`hybridmem.graphrank`;
+  a caller that only knows hop counts ``h(m)`` gets ``g = GRAPH_DAMPING ** h``); graph candidates
+  are ranked by ``g``, ``r_g(m)``;
 - recency: ``d(m) = 0.5 ** (age_days / half_life_days)``;
 - importance ``i(m)`` and confidence ``c(m)`` in [0, 1].
 
 Weighted fusion (the default, ``fusion="weighted"``), with ``max_bm25`` the best lexical score
 among the candidates::
 
-    base(m)  = w_v * sim(m) + w_l * bm25(m) / max_bm25 + w_g * GRAPH_DAMPING ** h(m)
+    base(m)  = w_v * sim(m) + w_l * bm25(m) / max_bm25 + w_g * g(m)
     score(m) = base(m) * (1 - w_r + w_r * d(m)) * (1 + w_i * (i(m) - 0.5)) * (0.5 + 0.5 * c(m))
 
-Defaults ``w_v = w_l = 1``, ``w_g = 0.1``, ``GRAPH_DAMPING = 0.5``, ``w_r = w_i = 0``. A signal that
-did not find ``m`` contributes 0. ``w_r`` (recency_weight) is clamped to [0, 1]; 0 disables decay.
+Defaults ``w_v = w_l = w_g = 1``, ``w_r = w_i = 0``. A signal that did not find ``m`` contributes 0.
+``w_r`` (recency_weight) is clamped to [0, 1]; 0 disables decay. The graph's seeds are the
+``graph_seeds`` best candidates by ``base`` without the graph term, each with mass
+``base(s) / base(best)`` (:func:`graph_seeds`), so ``g`` is in units of the best hit's score.
 
 RRF fusion (``fusion="rrf"``, ``k = rrf_k = 60`` as in Cormack et al. 2009) replaces ``base`` by
-``w_v / (k + r_v) + w_l / (k + r_l) + w_g * GRAPH_DAMPING ** h / (k + r_g)``.
+``w_v / (k + r_v) + w_l / (k + r_l) + w_g * g / (k + r_g)``.
 
-Why these defaults (``bench/locomo.py``, LoCoMo dev split, categories 1-4, n = 760): weighted
-fusion without graph reaches R@10 .663 / MRR .492 against .592 / .426 for RRF; a graph weight of
-0.1 leaves that unchanged (.663 / .492) while keeping memories that only the graph reaches
-(no shared words) in the candidate list; 0.5 costs recall. Recency decay is off: LoCoMo questions
-ask about any point of a long history, and decay lowered MRR there.
+Why these defaults (``bench/locomo.py``, LoCoMo dev split, categories 1-4; see bench/README.md):
+weighted fusion beats RRF (R@10 .663 / MRR .492 against .592 / .426 without a graph). With graph
+activation, ``w_g = 1`` measured best among 0.2 / 0.5 / 1 / 2 on two dev conversations (R@10 .673
+-> .723, R@2000tok .845 -> .890, MRR .479 -> .490); 2 raised R@20 but cost MRR (.430). Almost all
+of the gain comes from episodic links: a turn next to a strong hit (the answer after a question).
+Recency decay is off: LoCoMo questions ask about any point of a long history, and decay lowered
+MRR there.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from typing import Literal
 
 from hybridmem.models import ScoreBreakdown
 
-__all__ = ["GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "fuse"]
+__all__ = [
+    "GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "fuse", "graph_seeds", "graph_signal"
+]
 
 #: Each graph hop multiplies the graph signal by this factor.
 GRAPH_DAMPING = 0.5
@@ -50,6 +58,7 @@ class Candidate:
     vector_rank: int | None = None
     lexical: float | None = None
     lexical_rank: int | None = None
+    graph: float | None = None  # the graph signal; None: GRAPH_DAMPING ** graph_hops
     graph_hops: int | None = None
     graph_path: str | None = None
     graph_rank: int | None = None
@@ -64,7 +73,7 @@ class Weights:
 
     vector: float = 1.0
     lexical: float = 1.0
-    graph: float = 0.1
+    graph: float = 1.0
     recency: float = 0.0
     half_life_days: float = 30.0
     importance: float = 0.0
@@ -78,22 +87,42 @@ def decay(age_days: float, half_life_days: float) -> float:
     return float(0.5 ** (max(age_days, 0.0) / half_life_days))
 
 
-def _base(c: Candidate, w: Weights, max_lexical: float) -> float:
+def graph_signal(c: Candidate) -> float | None:
+    """The graph's evidence for a candidate: its activation, or ``GRAPH_DAMPING ** hops``."""
+    if c.graph is not None:
+        return c.graph
+    return None if c.graph_hops is None else float(GRAPH_DAMPING**c.graph_hops)
+
+
+def _base(c: Candidate, w: Weights, max_lexical: float, *, graph: bool = True) -> float:
+    g = graph_signal(c) if graph else None
     if w.fusion == "weighted":
         score = w.vector * (c.vector or 0.0)
         if c.lexical is not None and max_lexical > 0:
             score += w.lexical * c.lexical / max_lexical
-        if c.graph_hops is not None:
-            score += w.graph * GRAPH_DAMPING**c.graph_hops
+        if g is not None:
+            score += w.graph * g
         return score
     score = 0.0
     if c.vector_rank is not None:
         score += w.vector / (w.rrf_k + c.vector_rank)
     if c.lexical_rank is not None:
         score += w.lexical / (w.rrf_k + c.lexical_rank)
-    if c.graph_hops is not None and c.graph_rank is not None:
-        score += w.graph * GRAPH_DAMPING**c.graph_hops / (w.rrf_k + c.graph_rank)
+    if g is not None and c.graph_rank is not None:
+        score += w.graph * g / (w.rrf_k + c.graph_rank)
     return score
+
+
+def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[tuple[str, float]]:
+    """The ``n`` best candidates before the graph step, each with its score divided by the best
+    one's (so the best has mass 1): where graph activation starts."""
+    max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
+    scored = sorted(
+        ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
+        key=lambda pair: pair[1], reverse=True,
+    )[:n]
+    top = scored[0][1] if scored else 0.0
+    return [(m, s / top) for m, s in scored if s > 0] if top > 0 else []
 
 
 def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:
@@ -113,7 +142,7 @@ def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate,
             vector_rank=c.vector_rank,
             lexical=c.lexical,
             lexical_rank=c.lexical_rank,
-            graph=None if c.graph_hops is None else GRAPH_DAMPING**c.graph_hops,
+            graph=graph_signal(c),
             graph_hops=c.graph_hops,
             graph_path=c.graph_path,
             recency=recency,

@@ -1,9 +1,9 @@
 """The read path: hybrid search, and the bookkeeping a search leaves behind.
 
 :meth:`Retriever.search` gathers candidates from three retrievers — the vector store (cosine), the
-lexical index (BM25) and the graph (memories within ``graph_hops`` of the entities the query names
-or the top hits mention) — hydrates them from the vector store, drops expired ones and fuses the
-signals with :func:`hybridmem.ranking.fuse`. :class:`AccessLog` counts what searches returned in
+lexical index (BM25) and the graph (activation spread from the best hits and the query's entities,
+see :mod:`hybridmem.graphrank`) — hydrates them from the vector store, drops expired ones and fuses
+the signals with :func:`hybridmem.ranking.fuse`. :class:`AccessLog` counts what searches returned in
 memory and writes the counts in batches, so a search never waits for a write.
 """
 
@@ -22,12 +22,12 @@ from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
-from hybridmem.ranking import Candidate, Weights, explain, fuse
+from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
 __all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras", "Retriever"]
 
 log = logging.getLogger(__name__)
-#: How many of the top hits lend their entities to graph expansion.
+#: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
 GRAPH_SEED_HITS = 5
 #: Buffered memory accesses written to the store at once.
 ACCESS_FLUSH = 512
@@ -150,22 +150,23 @@ class Retriever:
         self, user_id: str, query: str, found: list[str], cand: Callable[[str], Candidate],
         pool: int,
     ) -> None:
-        """Memories near the query's entities (hop h) and near the top hits' entities (h + 1)."""
-        graph, hops = self._stores.graph, self._settings.graph_hops
-        seeds = graph.entities_in(user_id, query)
-        reached: dict[str, tuple[int, str]] = {}
-        if seeds:
-            reached.update(graph.neighbourhood(user_id, seeds, hops=hops))
-        top_entities = graph.entities_of(user_id, found[:GRAPH_SEED_HITS])
-        if top_entities and hops > 0:
-            near = graph.neighbourhood(user_id, top_entities, hops=hops - 1)
-            for memory_id, (h, path) in near.items():
-                if memory_id not in reached or reached[memory_id][0] > h + 1:
-                    reached[memory_id] = (h + 1, path)
-        ordered = sorted(reached.items(), key=lambda kv: kv[1][0])[:pool]
-        for rank, (memory_id, (h, path)) in enumerate(ordered, 1):
+        """Graph activation (see :mod:`hybridmem.graphrank`) from the query's entities and the
+        best hits so far: every candidate it reaches gets its graph signal; of the memories only
+        the graph found, the ``pool`` strongest join."""
+        s = self._settings
+        seeds = graph_seeds([cand(m) for m in found], self.weights, s.graph_seeds)
+        reached = self._stores.graph.activation(
+            user_id, seeds, query, hops=s.graph_hops, episodic=s.graph_episodic
+        )
+        known = set(found)
+        fresh = sorted((m for m in reached if m not in known), key=lambda m: -reached[m][0])
+        ordered = sorted(
+            [m for m in reached if m in known] + fresh[:pool], key=lambda m: -reached[m][0]
+        )
+        for rank, memory_id in enumerate(ordered, 1):
             c = cand(memory_id)
-            c.graph_hops, c.graph_path, c.graph_rank = h, path, rank
+            c.graph, c.graph_hops, c.graph_path = reached[memory_id]
+            c.graph_rank = rank
 
 
 class AccessLog:

@@ -326,6 +326,13 @@ class ChromaGraphStore(_ServerCache):
         with self._sync(user_id).lock:
             return self._cache.neighbourhood(user_id, entities, hops=hops)
 
+    def activation(
+        self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
+        episodic: float = 0.5,
+    ) -> dict[str, tuple[float, int, str]]:
+        with self._sync(user_id).lock:
+            return self._cache.activation(user_id, seeds, query, hops=hops, episodic=episodic)
+
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         with self._sync(user_id).lock:
             return self._cache.entities_of(user_id, memory_ids)

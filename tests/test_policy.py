@@ -32,6 +32,47 @@ def test_near_duplicates_never_merge_different_numbers() -> None:
     assert not near_duplicate("order 1041 shipped", "order 1042 shipped", 0.99)
 
 
+def test_a_swapped_value_is_never_a_duplicate() -> None:
+    # MiniLM scores these like paraphrases (~.8-.9); merging them would lose a fact
+    assert not near_duplicate("I live in Lyon.", "I live in Berlin.", 0.99)
+    assert not near_duplicate("My cat is called Pixel.", "My dog is called Pixel.", 0.99)
+    assert not near_duplicate("I teach maths at a secondary school.",
+                              "I teach history at a secondary school.", 0.99)
+    assert near_duplicate("I'm allergic to peanuts.", "I have a peanut allergy.", 0.9)
+    # the price of the guard: a one-word synonym swap is kept as two memories
+    assert not near_duplicate("My cat is called Pixel.", "My cat is named Pixel.", 0.95)
+
+
+#: data/README.md's planted near-duplicates (they must merge at the default) and facts of the
+#: same shape that must not (bench/dedup_calibration.py measures the whole labelled set).
+PLANTED = [
+    ("I hate loud mechanical keyboards; the clatter bleeds into my microphone when I stream.",
+     "Can't stand noisy mechanical keyboards. All that clicking drives me up the wall on voice calls."),
+    ("I always want express shipping, I can't wait a week for a parcel.",
+     "Please use express delivery for my orders. Standard shipping is just too slow for me."),
+    ("I prefer one consolidated invoice per month instead of a separate invoice for every order.",
+     "Please put everything on a single monthly invoice: one bill per month, not one per order."),
+    ("I prefer matte screens, glossy ones reflect my office window.",
+     "Matte displays only, please. A glossy panel catches all the glare from the window next to my desk."),
+]
+DISTINCT = [
+    ("I hate loud mechanical keyboards.", "I love clicky mechanical keyboards."),
+    ("I prefer matte screens.", "I prefer glossy screens."),
+    ("I bought the ASUS ROG Strix laptop.", "I bought the Dell UltraSharp monitor."),
+    ("I live in Lyon.", "I moved to Berlin, I live in Berlin now."),
+]
+
+
+def test_default_threshold_merges_the_planted_pairs_only(embedder: LocalEmbedder) -> None:
+    s = Settings()
+    for pairs, expected in ((PLANTED, True), (DISTINCT, False)):
+        for a, b in pairs:
+            va, vb = embedder.embed_batch([a, b])
+            cosine = sum(x * y for x, y in zip(va, vb))
+            assert near_duplicate(a, b, cosine, jaccard_min=s.dedup_jaccard,
+                                  cosine_min=s.dedup_cosine) is expected, (a, b, cosine)
+
+
 def item(text: str, **fields: object) -> MemoryItem:
     now = utcnow()
     return MemoryItem(id=text[:8], user_id="u", text=text, created_at=now, updated_at=now,

@@ -104,7 +104,7 @@ def test_configuration_table_lists_every_setting() -> None:
     for row in table.strip().splitlines()[1:]:
         env, field = (cell.strip().strip("`") for cell in row.split("|")[1:3])
         assert env == ("OPENAI_API_KEY" if field == "openai_api_key" else f"HYBRIDMEM_{field.upper()}")
-    assert "| `graph_weight` | `0.1` |" in README  # what the code uses (ranking's measurement)
+    assert "| `graph_weight` | `1.0` |" in README  # what the code uses (ranking's measurement)
 
 
 def test_local_servers_have_their_own_ports() -> None:

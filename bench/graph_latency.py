@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""The graph step of a search, alone: ``NetworkXGraphStore.activation`` at 1k / 10k memories.
+
+Builds one in-memory user graph from bench/latency.py's synthetic sentences (rule extractor,
+batches of 20 as episodes), then times what ``Retriever.search`` asks of the graph: one
+``activation`` from 10 seed memories (the best hits; here memories that mention an entity of the
+query, else random ones, masses 1 ... 0.1) and the query's own entities. Beside it, the previous
+graph step (``entities_in`` + ``neighbourhood`` of the query and of the seeds' entities), so the
+two can be compared in the same run. Prints a table; writes JSON to bench/results/.
+
+Usage::
+
+    python bench/graph_latency.py [--sizes 1000,10000] [--queries 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from _provenance import git_info, machine_info  # noqa: E402
+from latency import World  # noqa: E402
+
+DEFAULT_OUT = REPO / "bench" / "results" / "graph_latency.json"
+SEEDS = 10
+BATCH = 20
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    from hybridmem.extract import RuleExtractor
+    from hybridmem.graph import NetworkXGraphStore
+
+    world, rules, rows = World(), RuleExtractor(), []
+    for size in (int(s) for s in args.sizes.split(",")):
+        store, user = NetworkXGraphStore(None), "bench"
+        texts = world.sentences(size, seed=size)
+        ids = [f"m{i}" for i in range(size)]
+        t0 = time.perf_counter()
+        for lo in range(0, size, BATCH):
+            store.add_extractions(user, [(m, rules.extract(t, speaker=user))
+                                         for m, t in zip(ids[lo:lo + BATCH], texts[lo:lo + BATCH])])
+        build_s = time.perf_counter() - t0
+        rng = random.Random(size)
+        queries = world.questions(args.queries, seed=size + 1)
+        new_ms, old_ms = [], []
+        for q in queries:
+            named = store.entities_in(user, q)
+            near = list(store.neighbourhood(user, named, hops=0)) if named else []
+            pool = near[:SEEDS] + rng.sample(ids, SEEDS)
+            seeds = [(m, 1.0 - 0.09 * i) for i, m in enumerate(dict.fromkeys(pool[:SEEDS]))]
+            t0 = time.perf_counter()
+            store.activation(user, seeds, q, hops=1)
+            new_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            found = store.entities_in(user, q)
+            if found:
+                store.neighbourhood(user, found, hops=1)
+            ents = store.entities_of(user, [m for m, _ in seeds[:5]])
+            if ents:
+                store.neighbourhood(user, ents, hops=0)
+            old_ms.append((time.perf_counter() - t0) * 1000)
+        rows.append({
+            "memories": size, "nodes": len(store.entities(user)),
+            "relations": len(store.relations(user)), "build_s": build_s,
+            "activation_p50_ms": statistics.median(new_ms), "activation_p95_ms": p(new_ms, 0.95),
+            "old_expand_p50_ms": statistics.median(old_ms), "old_expand_p95_ms": p(old_ms, 0.95),
+        })
+    machine = machine_info(["networkx"])
+    print(f"load average {machine['loadavg']}")
+    print("\n| memories | nodes | relations | activation p50 / p95 ms | previous expansion p50 / p95 ms |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['memories']:,} | {r['nodes']:,} | {r['relations']:,} | "
+              f"{r['activation_p50_ms']:.2f} / {r['activation_p95_ms']:.2f} | "
+              f"{r['old_expand_p50_ms']:.2f} / {r['old_expand_p95_ms']:.2f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"provenance": git_info(), "machine": machine, "rows": rows},
+                                   indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

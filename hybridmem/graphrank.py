@@ -1,0 +1,134 @@
+"""Graph retrieval: spreading activation over the memory–entity graph, a truncated Personalized
+PageRank in the manner of HippoRAG (Gutiérrez et al. 2024), seeded by the query's entities and the
+best vector/lexical hits. Pure: it reads a :class:`~hybridmem._graphstate.UserGraph`, never a file.
+
+The graph is bipartite — memories on one side, entities on the other — plus *episodic* links
+between memories written one after the other in one batch (a session's turns, a question and its
+answer). Activation starts as seed mass ``x(s)`` on memories (a top hit's pre-graph score divided
+by the best one's, so the best hit has 1) and on the query's entities (mass :data:`QUERY_MASS`).
+One step moves it:
+
+- memory ``s`` -> its episodic neighbours: ``x(s) * EPISODIC`` each;
+- memory ``s`` -> entity ``e`` -> memory ``m``: ``x(s) * (1 - EPISODIC) * spec(e) / n(s) / df(e)``,
+  where ``n(s)`` is the number of expandable entities of ``s`` and ``df(e)`` the number of memories
+  naming ``e`` (a random walk's split, so a hub passes almost nothing on);
+- ``spec(e) = log((N + 1) / df(e)) / log(N + 1)``, an IDF in [0, 1] over the user's ``N``
+  memories: an entity most memories name says little about any of them. This replaces a hard hub
+  cut-off; only entities with ``df(e) > max_fanout`` are skipped, to bound the cost (each would
+  pass on less than ``1 / max_fanout`` of its mass anyway).
+
+Dates and amounts are attributes, not bridges: nodes of those types are never expanded. A memory's
+graph signal ``g(m)`` is the mass that reached it from *other* memories or the query's entities
+(``hops`` steps, each further step damped by :data:`STEP_DAMPING`), so two top hits that share a
+specific entity, or a hit and the turn that answers it, lift each other. The path of the largest
+contribution is kept for ``why``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from hybridmem._graphstate import UserGraph
+
+__all__ = [
+    "EPISODIC",
+    "MAX_FANOUT",
+    "QUERY_MASS",
+    "STEP_DAMPING",
+    "UNEXPANDED_TYPES",
+    "activate",
+]
+
+#: Share of a memory's mass that flows to its episodic neighbours (each), the rest to entities.
+EPISODIC = 0.5
+#: Seed mass of an entity the query names (the best hit has 1).
+QUERY_MASS = 1.0
+#: A further step's mass is multiplied by this.
+STEP_DAMPING = 0.5
+#: Entities named by more memories than this are not expanded (bounds the cost per query).
+MAX_FANOUT = 64
+#: Entity types that are attributes of a memory, not bridges between memories.
+UNEXPANDED_TYPES = frozenset({"date", "amount"})
+
+#: memory id -> (graph signal, hops from the nearest seed, readable path)
+Reached = dict[str, tuple[float, int, str]]
+
+
+def activate(
+    st: UserGraph,
+    seeds: Sequence[tuple[str, float]],
+    query_entities: Sequence[str],
+    *,
+    hops: int = 1,
+    episodic: float = EPISODIC,
+    max_fanout: int = MAX_FANOUT,
+) -> Reached:
+    """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
+    keys of the entities the query names. ``hops=0``: only the query's entities spread."""
+    g = st.graph
+    total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
+    log_n = math.log(total + 1)
+    spec_cache: dict[str, float] = {}
+
+    def spec(key: str) -> float:
+        """IDF-like specificity; 0 for what is never expanded."""
+        found = spec_cache.get(key)
+        if found is None:
+            attrs = g.nodes[key]
+            df = len(attrs["memory_ids"])
+            expandable = attrs["type"] not in UNEXPANDED_TYPES and 0 < df <= max_fanout
+            found = spec_cache[key] = (
+                max(math.log((total + 1) / df) / log_n, 0.0) if expandable else 0.0
+            )
+        return found
+
+    score: dict[str, float] = {}
+    best: dict[str, float] = {}
+    path: dict[str, str] = {}
+    hop: dict[str, int] = {}
+
+    def give(memory_id: str, mass: float, label: str, h: int) -> None:
+        if mass <= 0:
+            return
+        score[memory_id] = score.get(memory_id, 0.0) + mass
+        if mass > best.get(memory_id, 0.0):
+            best[memory_id], path[memory_id] = mass, label
+        hop[memory_id] = min(hop.get(memory_id, h), h)
+
+    for key in dict.fromkeys(query_entities):
+        if key not in g or not spec(key):
+            continue
+        mids = g.nodes[key]["memory_ids"]
+        share = QUERY_MASS * spec(key) / len(mids)
+        name = g.nodes[key]["name"]
+        for m in mids:
+            give(m, share, f"{name} (named in the query)", 0)
+
+    names = {m: f"hit {i}" for i, (m, _x) in enumerate(seeds, 1)}
+    frontier = [(m, x, names[m]) for m, x in seeds if x > 0]
+    damping = 1.0
+    for step in range(1, hops + 1):
+        reached: dict[str, float] = {}
+        for source, mass, label in frontier:
+            for near, where in ((st.prevs.get(source), "before"), (st.nexts.get(source), "after")):
+                if near is not None and near != source:
+                    moved = damping * mass * episodic
+                    give(near, moved, f"said just {where} {label}", step)
+                    if moved > 0:
+                        reached[near] = reached.get(near, 0.0) + moved
+            keys = [k for k in st.mem_nodes.get(source, ()) if spec(k) > 0]
+            for key in keys:
+                mids = g.nodes[key]["memory_ids"]
+                if len(mids) < 2:
+                    continue
+                share = damping * mass * (1.0 - episodic) * spec(key) / len(keys) / len(mids)
+                name = g.nodes[key]["name"]
+                for m in mids:
+                    if m != source:
+                        give(m, share, f"{name}, shared with {label}", step)
+                        if share > 0:
+                            reached[m] = reached.get(m, 0.0) + share
+        damping *= STEP_DAMPING
+        frontier = [(m, x, path[m]) for m, x in reached.items()]
+    return {m: (s, hop[m], path[m]) for m, s in score.items()}

@@ -1,0 +1,144 @@
+"""Entity resolution: when a new name is an existing node under another form.
+
+Exact forms already meet through :func:`hybridmem.text.entity_key` ("the ROG laptop" and "ROG
+Laptop." are one key). This module adds *token containment*, for the way people shorten product
+names: "ASUS ROG Strix G16 laptop", "ASUS ROG Strix G16", "ROG Strix laptop" and "the G16" name one
+thing. Name ``a`` is a form of name ``b`` when (on entity-key words):
+
+- every word of ``a`` is a word of ``b`` and ``a`` is shorter (a leading count like "three" and a
+  plural last word do not count: "three Dell P2425H monitors" is "Dell P2425H monitor");
+- ``a`` has two or more words, or one word that is a model code (letters and digits: "K2",
+  "WH-1000XM5") — a bare brand or common word ("Sony", "pixel") is too vague;
+- the words ``b`` adds are not numbers or variant words (``pro``, ``max``, ``mini`` ...) and, if ``a`` already
+  has a model code, not another code: "iPhone 15" is not "iPhone 15 Pro", nor "Pixel 8" "Pixel 8 128GB".
+
+Two names are also one model when they share the first word (the brand) and a model code or a long
+number, with no other code or variant word on either side ("Anker 563 dock" and "Anker 563 USB-C
+docking station").
+
+A name merges into an existing node only when exactly one node qualifies (two Dell monitors leave
+"Dell monitor" alone), and only across compatible types (products, organisations and untyped
+things, topic concepts; people and places only with products, else exact keys: "Sam" is not
+"Sam Smith" in general).
+Pure functions over a word index the graph keeps; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+__all__ = [
+    "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible", "is_form_of", "resolve_by_tokens"
+]
+
+#: Entity types whose names may be matched by containment (a product also takes a name the rules
+#: typed as a person or place: "Wacom Intuos Pro" is three capitalised words).
+MERGEABLE_TYPES = frozenset({"product", "org", "thing", "concept"})
+NEVER_MERGED = frozenset({"date", "amount"})
+#: Words that make a different model, not a longer name of the same one.
+VARIANTS = frozenset(
+    "pro max mini plus ultra lite air se xl xs xr mk2 mkii ii iii iv gen s e fe neo edge note "
+    "studio slim go classic 2 3 4 5".split()
+)
+
+
+#: Counts that open a name without being part of it ("three Dell P2425H monitors").
+COUNTS = frozenset("two three four five six seven eight nine ten several multiple".split())
+_MEASURE = re.compile(r"^\d+(?:[.,]\d+)?-?(?:inch|in|mm|cm|gb|tb|mb|w|hz|l|m|k)$")
+
+
+def _code(word: str) -> bool:
+    """A model code: letters and digits together ("g16", "wh-1000xm5", "27gp850"), not a
+    measurement ("24-inch", "100w")."""
+    return (
+        len(word) >= 2 and any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+        and not _MEASURE.match(word)
+    )
+
+
+def _singular(word: str) -> str:
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def _norm(words: tuple[str, ...]) -> tuple[str, ...]:
+    """The words compared: a leading count dropped, the last word singular."""
+    if len(words) > 1 and words[0] in COUNTS:
+        words = words[1:]
+    return (*words[:-1], _singular(words[-1])) if words else ()
+
+
+def better_name(new: str, old: str) -> bool:
+    """Whether ``new`` should become the display name of a node first seen as ``old``: it says
+    more (more words) and does not open with a count ("three Dell P2425H monitors")."""
+    first = new.split()[0].casefold() if new.split() else ""
+    return len(new.split()) > len(old.split()) and first not in COUNTS
+
+
+def is_form_of(short: tuple[str, ...], long: tuple[str, ...]) -> bool:
+    """True when the name with words ``short`` is a shorter (or only inflected) form of the one
+    with words ``long``."""
+    ta, tb = _norm(short), _norm(long)
+    if ta == tb:
+        return bool(ta)
+    a, b = set(ta), set(tb)
+    if not a < b:
+        return _same_model(short, long, a, b)
+    short = tuple(a)
+    if len(short) == 1 and not _code(short[0]):
+        return False
+    extra = b - a
+    if extra & VARIANTS or any(w.isdigit() for w in extra):
+        return False  # "Pixel 9 Pro", "item 0 1": another model, another item
+    return not (any(_code(w) for w in short) and any(_code(w) for w in extra))
+
+
+def _same_model(
+    first: tuple[str, ...], second: tuple[str, ...], a: set[str], b: set[str]
+) -> bool:
+    """Two names of one model said differently: the same first word (the brand), a shared model
+    code or long number, and no other code or variant word on either side ("Anker 563 dock" /
+    "Anker 563 USB-C docking station"; not "Sony WH-1000XM4" / "Sony WH-1000XM5")."""
+    if not first or not second or first[0] != second[0]:
+        return False
+    if not any(_code(w) or (w.isdigit() and len(w) >= 3) for w in a & b):
+        return False
+    differ = a ^ b
+    return not (differ & VARIANTS) and not any(_code(w) or w.isdigit() for w in differ)
+
+
+def compatible(first: str, second: str) -> bool:
+    """Whether nodes of these two types may be one entity under two names."""
+    if first in NEVER_MERGED or second in NEVER_MERGED:
+        return False
+    if "product" in (first, second):
+        return True
+    return first in MERGEABLE_TYPES and second in MERGEABLE_TYPES
+
+
+def resolve_by_tokens(
+    words: tuple[str, ...],
+    type_: str,
+    index: Mapping[str, set[str]],
+    forms: Callable[[str], Iterable[tuple[str, ...]]],
+    type_of: Callable[[str], str],
+) -> str | None:
+    """The one existing node that ``words`` (a new name's entity-key words) is a form of, or that
+    is a form of it; None when none or several qualify. ``index``: word -> node keys; ``forms``:
+    node key -> the word tuples of its aliases; ``type_of``: node key -> type."""
+    if type_ in NEVER_MERGED or not words:
+        return None
+    candidates: set[str] = set()
+    for word in set(words):
+        candidates |= index.get(word, set())
+    found = {
+        key
+        for key in candidates
+        if compatible(type_, type_of(key))
+        and any(is_form_of(words, f) or is_form_of(f, words) for f in forms(key))
+    }
+    return found.pop() if len(found) == 1 else None

@@ -1,0 +1,29 @@
+"""Concept phrases found by rule (hybridmem.concepts) and carried by the rule extractor."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridmem.concepts import concepts, singular
+from hybridmem.extract import RuleExtractor
+
+
+@pytest.mark.parametrize(("sentence", "expected"), [
+    ("I went to a pottery class yesterday and it was great.", ["pottery class"]),
+    ("I contacted the adoption agencies about my plans.", ["adoption agency"]),
+    ("Thanks for the great support group meeting!", ["support group meeting"]),
+    ("Found a great new hiking trail near the lake last weekend.", ["hiking trail"]),
+    ("We had a really fun time with my kids.", []),  # vague or single words are no topic
+    ("I bought the ASUS ROG Strix G16 laptop.", []),  # names are the span rules' job
+])
+def test_concepts(sentence: str, expected: list[str]) -> None:
+    assert concepts(sentence) == expected
+
+
+def test_singular_and_the_extractor_switch() -> None:
+    assert [singular(w) for w in ("agencies", "classes", "glass", "bus", "kids")] == [
+        "agency", "class", "glass", "bus", "kid"]
+    text = "Caroline: We talked about the adoption agency."
+    found = {(e.name, e.type) for e in RuleExtractor().extract(text).entities}
+    assert ("adoption agency", "concept") in found
+    assert not RuleExtractor(concepts=False).extract(text).entities

@@ -1,0 +1,73 @@
+"""Graph activation (hybridmem.graphrank) on a real NetworkXGraphStore: episodic links between the
+memories of one batch, IDF-like specificity, attributes that are never bridges, readable paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import networkx as nx
+
+from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore
+from hybridmem.models import Entity, Extraction
+
+
+def ents(*named: tuple[str, str]) -> Extraction:
+    return Extraction(entities=[Entity(name=n, type=t) for n, t in named], extractor="test")
+
+
+NONE = Extraction()
+
+
+def test_a_batch_is_an_episode_and_neighbours_are_one_step_apart(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions("u", [("q", NONE), ("a", NONE), ("later", NONE)])
+    store.add_extractions("u", [("other", NONE)])
+    found = store.activation("u", [("q", 1.0)], "what did I say?", hops=1, episodic=0.5)
+    assert set(found) == {"a"}  # not "later" (two away), not "other" (another batch)
+    score, hops, path = found["a"]
+    assert score == 0.5 and hops == 1 and path == "said just after hit 1"
+    before = store.activation("u", [("a", 1.0)], "", hops=1)
+    assert set(before) == {"q", "later"} and before["q"][2] == "said just before hit 1"
+    assert store.activation("u", [("a", 1.0)], "", hops=1, episodic=0.0) == {}
+
+
+def test_episodic_links_survive_reload_and_forgetting_splices_them(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions("u", [("a", NONE), ("b", NONE), ("c", NONE)])
+    store.add_extractions("u", [("b", NONE), ("a", NONE)])  # re-adding changes no link
+    store.save("u")
+    data = json.loads((next(tmp_path.rglob(GRAPH_FILE))).read_text())
+    graph = nx.node_link_graph(data["graph"], edges="edges")
+    assert graph.graph["next"] == {"a": "b", "b": "c"}
+    store.close()
+    again = NetworkXGraphStore(tmp_path)
+    assert set(again.activation("u", [("b", 1.0)], "", hops=1)) == {"a", "c"}
+    again.remove_memory("u", ["b"], erase=True)
+    assert set(again.activation("u", [("a", 1.0)], "", hops=1)) == {"c"}
+    again.close()
+    assert set(NetworkXGraphStore(tmp_path).activation("u", [("c", 1.0)], "", hops=1)) == {"a"}
+
+
+def test_a_specific_entity_passes_on_more_than_a_common_one(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    common = [(f"c{i}", ents(("Caroline", "person"))) for i in range(12)]
+    store.add_extractions("u", common[:1] + [("seed", ents(("Caroline", "person"),
+                                                          ("adoption agency", "concept")))])
+    for item in common[1:]:
+        store.add_extractions("u", [item])
+    store.add_extractions("u", [("rare", ents(("adoption agency", "concept")))])
+    found = store.activation("u", [("seed", 1.0)], "", hops=1, episodic=0.0)
+    assert found["rare"][0] > 5 * found["c5"][0] > 0
+    assert found["rare"][2] == "adoption agency, shared with hit 1"
+
+
+def test_dates_and_amounts_are_not_bridges_and_query_entities_seed(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions("u", [("m1", ents(("$1,899", "amount"), ("May 2028", "date")))])
+    store.add_extractions("u", [("m2", ents(("$1,899", "amount"), ("May 2028", "date")))])
+    store.add_extractions("u", [("m3", ents(("pottery class", "concept")))])
+    store.add_extractions("u", [("m4", NONE)])
+    assert store.activation("u", [("m1", 1.0)], "", hops=1) == {}
+    found = store.activation("u", [], "How was the pottery class?", hops=0)
+    assert set(found) == {"m3"} and found["m3"][1:] == (0, "pottery class (named in the query)")

@@ -1,0 +1,118 @@
+"""Entity resolution: token containment and shared model codes merge one product's names into one
+node; distinct models, people and vague words stay apart. Checked on the shipped demo data."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from hybridmem._graphstate import UserGraph
+from hybridmem.extract import RuleExtractor
+from hybridmem.resolve import compatible, is_form_of
+from hybridmem.text import entity_key
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def w(name: str) -> tuple[str, ...]:
+    return tuple(entity_key(name).split())
+
+
+@pytest.mark.parametrize(("short", "long"), [
+    ("ROG Strix laptop", "ASUS ROG Strix G16 laptop"),
+    ("ASUS ROG Strix G16", "ASUS ROG Strix G16 laptop"),
+    ("G16", "ASUS ROG Strix G16"),
+    ("Sony headphones", "Sony WH-1000XM5 headphones"),
+    ("Dell P2425H", "three Dell P2425H 24-inch monitors"),
+    ("Anker 563 dock", "Anker 563 USB-C docking station"),
+    ("adoption agencies", "adoption agency"),
+])
+def test_forms_of_one_name(short: str, long: str) -> None:
+    assert is_form_of(w(short), w(long)) or is_form_of(w(long), w(short))
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("iPhone 15", "iPhone 15 Pro"),
+    ("Sony WH-1000XM4", "Sony WH-1000XM5"),
+    ("Dell XPS 14 laptop", "Dell XPS 16 laptop"),
+    ("Sony", "Sony WH-1000XM5 headphones"),  # a bare brand is too vague
+    ("laptop", "ROG laptop"),
+    ("MX Keys S", "MX Master 3S"),
+])
+def test_distinct_names_stay_apart(a: str, b: str) -> None:
+    assert not is_form_of(w(a), w(b)) and not is_form_of(w(b), w(a))
+
+
+def test_types_that_never_merge() -> None:
+    assert compatible("product", "person")  # "Wacom Intuos Pro" typed as a person by the rules
+    assert not compatible("person", "person") and not compatible("place", "org")
+    assert not compatible("amount", "product") and not compatible("date", "thing")
+
+
+def demo_graphs() -> dict[str, UserGraph]:
+    """Each demo user's graph as the write path builds it (rule extractor, one memory a write)."""
+    rules, graphs = RuleExtractor(), {}
+    by_user: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for line in (ROOT / "data" / "memories.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        by_user[record["user_id"]].append(record)
+    now = datetime.now(timezone.utc)
+    for user, records in by_user.items():
+        st = graphs[user] = UserGraph(user, None)
+        for i, r in enumerate(records):
+            speaker = user if r["source"] == "user" else r["source"]
+            st.add([(f"m{i}", rules.extract(r["text"], speaker=speaker))], now)
+    return graphs
+
+
+#: Every surface form the demo data uses for one real product, per user.
+ONE_PRODUCT = {
+    "client_123": [
+        ["ASUS ROG Strix G16 laptop", "ASUS ROG Strix G16", "ROG Strix laptop", "G16"],
+        ["Logitech MX Master 3S mouse", "MX Master 3S"],
+        ["Ergotron LX monitor arm", "Ergotron LX monitor"],
+    ],
+    "bob_chen": [
+        ["Lenovo ThinkPad X1 Carbon", "ThinkPad X1 Carbon"],
+        ["Keychron K2 mechanical keyboard", "Keychron K2", "K2"],
+        ["CalDigit TS4 dock", "CalDigit TS4", "CalDigit TS4 Thunderbolt dock"],
+        ["LG UltraGear 27GP850 gaming monitor", "LG UltraGear 27GP850"],
+    ],
+    "client_456": [
+        ["Google Pixel 9", "Pixel 9"],
+        ["Sony WH-1000XM5 headphones", "Sony headphones", "WH-1000XM5"],
+        ["B-2140", "Order B-2140"],
+    ],
+    "alice_martin": [
+        ["Apple MacBook Air 15", "MacBook Air 15"],
+        ["BenQ PD2706U designer monitor", "BenQ PD2706U"],
+        ["Wacom Intuos Pro M pen tablet", "Wacom Intuos Pro", "Intuos Pro"],
+    ],
+    "client_789": [
+        ["Anker 563 USB-C docking station", "Anker 563 dock",
+         "five Anker 563 USB-C docking stations"],
+        ["Dell P2425H", "three Dell P2425H 24-inch monitors"],
+        ["Jabra Evolve2 75", "Replacement Jabra Evolve2 75"],
+    ],
+}
+
+
+def test_demo_graph_has_one_node_per_real_product() -> None:
+    graphs = demo_graphs()
+    for user, products in ONE_PRODUCT.items():
+        st = graphs[user]
+        nodes = [[st.resolve(name) for name in names] for names in products]
+        for names, keys in zip(products, nodes):
+            assert None not in keys and len(set(keys)) == 1, (user, dict(zip(names, keys)))
+        assert len({keys[0] for keys in nodes}) == len(products), user  # and products stay apart
+
+
+def test_demo_graph_has_no_role_unit_or_number_nodes() -> None:
+    for user, st in demo_graphs().items():
+        keys = set(st.graph)
+        assert not keys & {"agent", "ghz", "hz", "w", "we've", "we'll", "found", "drop"}, user
+        assert not [k for k in keys if k.replace(",", "").replace(".", "").isdigit()], user
