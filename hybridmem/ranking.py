@@ -20,7 +20,9 @@ among the candidates::
 Defaults ``w_v = w_l = w_g = 1``, ``w_r = w_i = 0``. A signal that did not find ``m`` contributes 0.
 ``w_r`` (recency_weight) is clamped to [0, 1]; 0 disables decay. The graph's seeds are the
 ``graph_seeds`` best candidates by ``base`` without the graph term, each with mass
-``base(s) / base(best)`` (:func:`graph_seeds`), so ``g`` is in units of the best hit's score.
+``base(s) / max(base(best), 1)`` (:func:`graph_seeds`): ``g`` is in units of the best hit's
+score, or of a perfect one-signal match when even the best hit is weaker than that — so a memory
+the graph alone reached never outranks the hit that reached it.
 
 RRF fusion (``fusion="rrf"``, ``k = rrf_k = 60`` as in Cormack et al. 2009) replaces ``base`` by
 ``w_v / (k + r_v) + w_l / (k + r_l) + w_g * g / (k + r_g)``.
@@ -114,15 +116,22 @@ def _base(c: Candidate, w: Weights, max_lexical: float, *, graph: bool = True) -
 
 
 def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[tuple[str, float]]:
-    """The ``n`` best candidates before the graph step, each with its score divided by the best
-    one's (so the best has mass 1): where graph activation starts."""
+    """The ``n`` best candidates before the graph step, each with its mass: where graph
+    activation starts.
+
+    Weighted fusion: the mass is the score divided by ``max(best score, 1)`` — 1 being a perfect
+    match of one signal — so the graph never lends a neighbour more than its seed had: when even
+    the best hit matches weakly, what the graph brings in is weak too, and a memory reached only
+    through the graph cannot outrank the hit that reached it. RRF: divided by the best score (its
+    scores are all far below 1)."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
     scored = sorted(
         ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
         key=lambda pair: pair[1], reverse=True,
     )[:n]
     top = scored[0][1] if scored else 0.0
-    return [(m, s / top) for m, s in scored if s > 0] if top > 0 else []
+    unit = max(top, 1.0) if weights.fusion == "weighted" else top
+    return [(m, s / unit) for m, s in scored if s > 0] if top > 0 else []
 
 
 def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:

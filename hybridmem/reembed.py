@@ -14,6 +14,9 @@ else (the lexical index, graph and history hold no vectors):
 3. the swap: the old collection is deleted and the staging one renamed to its name. A crash
    between the two leaves only the staging collection, which the next run renames.
 
+The user's archive collection (memories no longer current, see :mod:`hybridmem.vector`) records
+the same identity and is moved the same way, after the hot one.
+
 The caller holds the user's lock for the whole move (the user is unusable under the new embedder
 until it is done anyway). Both embedded Chroma and a Chroma server: only the client's API is used.
 """
@@ -76,6 +79,11 @@ def _staging_name(user_id: str) -> str:
     return "r-" + _chroma.collection_name(user_id)
 
 
+def _user_collections(user_id: str) -> tuple[str, str]:
+    """The names of the user's hot and archive collections, both moved by :func:`reembed_user`."""
+    return _chroma.collection_name(user_id), _chroma.archive_collection_name(user_id)
+
+
 def reembed_user(
     client: ClientAPI,
     user_id: str,
@@ -86,8 +94,15 @@ def reembed_user(
     progress: Progress | None = None,
 ) -> int:
     """Move the user's memories to ``embedder`` (see the module docstring); returns how many
-    memories were embedded by this call (0 when the collection already has that identity)."""
-    name, staging_name = _chroma.collection_name(user_id), _staging_name(user_id)
+    memories were embedded by this call (0 when the collections already have that identity)."""
+    return sum(_reembed_collection(client, name, embedder=embedder, dimension=dimension,
+                                   embed=embed, progress=progress)
+               for name in _user_collections(user_id))
+
+
+def _reembed_collection(client: ClientAPI, name: str, *, embedder: str, dimension: int,
+                        embed: Embed, progress: Progress | None) -> int:
+    staging_name = "r-" + name
     old = _chroma.open_collection(client, name)
     staging = _chroma.open_collection(client, staging_name)
     if old is not None and staging is None:
@@ -97,7 +112,7 @@ def reembed_user(
         meta.update(embedder=embedder, dimension=dimension)
         staging = _chroma.create_collection(client, staging_name, meta)
     if staging is None:
-        return 0  # the user has no memories
+        return 0  # no such collection: nothing to move
     done = 0
     if old is not None:
         total = old.count()
@@ -115,8 +130,8 @@ def reembed_user(
             if progress is not None:
                 progress(min(offset + PAGE, total), total)
         if staging.count() < total:  # pragma: no cover - Chroma lost a write
-            raise StorageError(f"re-embedding {user_id!r} copied {staging.count()} of {total} "
-                              "memories; run it again")
+            raise StorageError(f"re-embedding collection {name!r} copied {staging.count()} of "
+                               f"{total} memories; run it again")
         _chroma.drop_collection(client, name)
     staging.modify(name=name)
     log.info("re-embedded %d memories of a user with %s", done, embedder)

@@ -89,7 +89,14 @@ def test_reembed_on_a_chroma_server(make_settings: Callable[..., Settings],
                                     embedder: LocalEmbedder, unique_user: str) -> None:
     with Memory(make_settings(), embedder=HashEmbedder()) as mem:
         mem.add_many(unique_user, ["I bought a ROG laptop.", "My cat is called Miso."])
+        mem.add(unique_user, "I live in Lyon.")
+        mem.add(unique_user, "I live in Berlin.")  # Lyon is superseded: the archive collection
+        assert [i.text for i in mem.list(unique_user, include_superseded=True)
+                if not i.is_current] == ["I live in Lyon."]
     with Memory(make_settings(), embedder=embedder) as mem:
-        assert mem.reembed(unique_user) == 2
+        assert mem.reembed(unique_user) == 4  # the archived memory moves too
         assert mem.search(unique_user, "which computer do I own?", limit=1)[0].item.text == (
             "I bought a ROG laptop.")
+        old = mem.search(unique_user, "where did I live before?", include_superseded=True)
+        assert "I live in Lyon." in [h.item.text for h in old]
+        assert mem.reembed(unique_user) == 0
