@@ -108,7 +108,7 @@ def test_documented_defaults() -> None:
 
     w = Weights()
     assert (w.vector, w.lexical, w.graph, w.recency, w.importance, w.rrf_k) == (
-        1.0, 1.0, 0.1, 0.0, 0.0, 60.0)
+        1.0, 1.0, 1.0, 0.0, 0.0, 60.0)
     assert GRAPH_DAMPING == 0.5
     # recency_weight is clamped to [0, 1]
     old = Candidate("x", vector=0.5, vector_rank=1, age_days=30.0)
