@@ -75,6 +75,7 @@ class MemoryBase:
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
+            locks=self._lock,
         )
         self._writer.recover()  # batches a crash left half-written, before anything else
         self._retriever = Retriever(s, self._stores, embed=self._embed)
