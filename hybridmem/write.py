@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -39,6 +38,7 @@ import numpy as np
 from hybridmem import _journal as journal
 from hybridmem import policy
 from hybridmem._journal import Intent
+from hybridmem._lease import WriteLocks
 from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.errors import BackendError
@@ -70,7 +70,8 @@ Embed = Callable[[Sequence[str]], list[list[float]]]
 
 class Writer:
     """Plans and applies writes for one Memory. :meth:`write` takes the user's lock itself
-    (``locks``, shared with the Memory); the other write methods expect their caller to hold it."""
+    (:attr:`locks`, shared with the Memory); the other write methods expect their caller to hold
+    it."""
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class Writer:
         rules: Callable[[], Extractor],
         chat: Callable[[], ChatModel],
         usage: UsageMeter,
-        locks: Callable[[str], AbstractContextManager[object]] | None = None,
+        locks: WriteLocks | None = None,
     ) -> None:
         self._settings = settings
         self._stores = stores
@@ -91,7 +92,10 @@ class Writer:
         self._rules = rules
         self._chat = chat
         self._usage = usage
-        self._locks = locks or (lambda user_id: nullcontext())
+        #: The users' write locks (shared with the Memory; with a Chroma server, leases).
+        self.locks = locks if locks is not None else WriteLocks()
+        self.locks.recover = self._recover_orphan
+        self.locks.refresh = stores.graph.refresh  # the graph cache feeds supersession
 
     # -- the public steps --------------------------------------------------------------------------
     def write(
@@ -107,12 +111,12 @@ class Writer:
         was merged into). Model calls run without the user's lock (see the module docstring)."""
         prepared = self.prepare(user_id, requests, infer=infer, key=key, cause=cause)
         for _ in range(PLAN_ATTEMPTS - 1):
-            with self._locks(user_id):
+            with self.locks(user_id):
                 stored = self.try_commit(prepared)
             if stored is not None:
                 return stored
             self._plan(prepared, "fill")  # the answers the newer plan lacked, without the lock
-        with self._locks(user_id):
+        with self.locks(user_id):
             return self.commit(prepared)
 
     def prepare(
@@ -219,8 +223,8 @@ class Writer:
         """Journal the batch, write every store, clear the journal. An exception here undoes
         the new vectors (so nothing is half-written) and clears the journal; a crash leaves the
         journal for :meth:`recover`."""
-        data_dir, user_id = self._settings.data_dir, intent.user_id
-        journal.begin(data_dir, intent)
+        user_id = intent.user_id
+        self._journal(user_id, intent)
         if intent.written:
             self._stores.vectors.upsert(user_id, intent.written, vectors)
         try:
@@ -229,9 +233,9 @@ class Writer:
             new = [i.id for i in intent.written if i.id not in intent.rewritten]
             self._stores.vectors.delete(user_id, new)
             self._stores.lexical.delete(user_id, new)
-            journal.finish(data_dir, user_id)
+            self._journal(user_id, None)
             raise
-        journal.finish(data_dir, user_id)
+        self._journal(user_id, None)
 
     def _finish(self, intent: Intent) -> None:
         """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
@@ -257,27 +261,48 @@ class Writer:
 
     def recover(self) -> int:
         """Finish or undo the batches a crash left in the journal (call before any write);
-        returns how many there were. Forward when the batch's vectors landed (the upsert is
-        the commit point), back when they did not."""
+        returns how many there were. (Server mode keeps its journal in the user's lease, see
+        :mod:`hybridmem._lease`: the next process to take a dead holder's lease recovers it.)"""
         found = 0
         for intent in journal.pending(self._settings.data_dir):
             found += 1
-            user_id = intent.user_id
-            landed = {i.id: i.text for i in self._stores.vectors.get(
-                user_id, [i.id for i in intent.written])}
-            if all(landed.get(i.id) == i.text for i in intent.written):
-                log.warning("finishing a write to %d memories that a crash interrupted",
-                            len(intent.written) + len(intent.updated) + len(intent.deleted))
-                self._finish(intent)
-            else:  # the upsert never happened: nothing after it did either
-                log.warning("undoing a write of %d memories that a crash interrupted",
-                            len(intent.written))
-                new = [i.id for i in intent.written if i.id not in intent.rewritten]
-                self._stores.vectors.delete(user_id, new)
-                self._stores.lexical.delete(user_id, new)
-                self._stores.graph.remove_memory(user_id, new, erase=True)
-            journal.finish(self._settings.data_dir, user_id)
+            self._recover_one(intent)
+            journal.finish(self._settings.data_dir, intent.user_id)
         return found
+
+    def _recover_orphan(self, user_id: str, text: str) -> None:
+        """Finish a batch a dead process left in the lease this process just took."""
+        self._recover_one(Intent.model_validate_json(text))
+        self._journal(user_id, None)
+
+    def _recover_one(self, intent: Intent) -> None:
+        """Forward when the batch's vectors landed (the upsert is the commit point), back when
+        they did not. Every step is idempotent."""
+        user_id = intent.user_id
+        landed = {i.id: i.text for i in self._stores.vectors.get(
+            user_id, [i.id for i in intent.written])}
+        if all(landed.get(i.id) == i.text for i in intent.written):
+            log.warning("finishing a write to %d memories that a crash interrupted",
+                        len(intent.written) + len(intent.updated) + len(intent.deleted))
+            self._finish(intent)
+        else:  # the upsert never happened: nothing after it did either
+            log.warning("undoing a write of %d memories that a crash interrupted",
+                        len(intent.written))
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
+            self._stores.vectors.delete(user_id, new)
+            self._stores.lexical.delete(user_id, new)
+            self._stores.graph.remove_memory(user_id, new, erase=True)
+
+    def _journal(self, user_id: str, intent: Intent | None) -> None:
+        """Make a batch durable before its first store write (None: forget it after the last):
+        in the user's lease with a Chroma server, else in the user's folder."""
+        lease = self.locks.lease(user_id)
+        if lease is not None and self.locks.leases is not None:
+            self.locks.leases.journal(lease, "" if intent is None else intent.model_dump_json())
+        elif intent is not None:
+            journal.begin(self._settings.data_dir, intent)
+        else:
+            journal.finish(self._settings.data_dir, user_id)
 
     # -- planning ----------------------------------------------------------------------------------
     def _plan(self, p: Prepared, mode: Mode) -> tuple[WritePlan, list[str]] | None:
