@@ -24,9 +24,7 @@ import logging
 import os
 import random
 import resource
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -126,38 +124,22 @@ def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
 
 
 def bench_crash(trials: int, root: Path) -> dict[str, Any]:
+    """The suite's kill -9 harness (tests/crash_harness.py), ``trials`` times."""
     sys.path.insert(0, str(REPO / "tests"))
-    from test_crash import WRITER, _agree, _all  # the writer and the checks of the suite
-
-    from hybridmem import Memory, Settings
+    import crash_harness
 
     rng = random.Random(7)
     data_dir = root / "crash"
-    acknowledged: set[str] = set()
-    forgotten: set[str] = set()
+    ledger = crash_harness.Ledger()
     lost = disagreements = 0
-    for trial in range(trials):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        rest = proc.stdout.read()  # the same buffered reader as readline (not communicate)
-        proc.wait(timeout=120)
-        for line in [first, *rest.splitlines()]:
-            if line.startswith("forgetting "):
-                forgotten.add(line.split()[1])
-            elif line.strip():
-                acknowledged.update(line.split())
-        with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-            stored = {i.id for i in _all(mem, "crash-user")}
-            lost += len(acknowledged - forgotten - stored)
-            try:
-                _agree(mem, data_dir, "crash-user")
-            except AssertionError:
-                disagreements += 1
-    return {"trials": trials, "lost_acknowledged": lost, "store_disagreements": disagreements}
+    for n in range(trials):
+        missing, agree = crash_harness.trial(data_dir, n, rng, ledger)
+        lost += missing
+        disagreements += not agree
+        if n % 20 == 19:
+            log.info("kill -9: %d trials, %d lost, %d disagreements", n + 1, lost, disagreements)
+    return {"trials": trials, "acknowledged": len(ledger.acknowledged),
+            "lost_acknowledged": lost, "store_disagreements": disagreements}
 
 
 def main() -> None:
