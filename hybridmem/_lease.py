@@ -204,47 +204,79 @@ class WriteLocks:
         #: Set by the writer: finish a dead holder's batch; catch up with other processes.
         self.recover: Callable[[str, str], None] | None = None
         self.refresh: Callable[[str], None] | None = None
-        self._held: dict[str, tuple[Lease, int]] = {}  # user -> (lease, depth), under its lock
+        self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
+        self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
         self._guard = threading.Lock()
+        #: user -> the tick of the last locked section's end (bounded: a forgotten user gets a
+        #: fresh tick, which only costs a re-plan)
+        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._tick = 0
+
+    def epoch(self, user_id: str) -> int:
+        """Changes whenever a locked section of the user ends (in this process) or the lease
+        was last held by another process: equal epochs mean nothing was written in between,
+        so a plan made at the first still holds at the second."""
+        with self._guard:
+            if user_id not in self._epochs:
+                self._tick += 1
+                return -self._tick  # never equal to any other epoch
+            return self._epochs[user_id]
+
+    def _bump(self, user_id: str) -> None:
+        with self._guard:
+            self._tick += 1
+            self._epochs[user_id] = self._tick
+            self._epochs.move_to_end(user_id)
+            while len(self._epochs) > MAX_REMEMBERED:
+                self._epochs.popitem(last=False)
 
     def lease(self, user_id: str) -> Lease | None:
         """The lease this thread holds for the user (call while holding the user's lock)."""
         with self._guard:
-            held = self._held.get(user_id)
-        return held[0] if held else None
+            return self._held.get(user_id)
 
     @contextmanager
     def __call__(self, user_id: str) -> Iterator[None]:
-        with self._local(user_id):
-            if self.leases is None:
-                yield
-                return
+        with self._local(user_id):  # from here on this thread alone changes the user's entries
             with self._guard:
-                held = self._held.get(user_id)
-                if held is not None:
-                    self._held[user_id] = (held[0], held[1] + 1)
-            if held is None:
-                lease = self.leases.acquire(user_id)
-                with self._guard:
-                    self._held[user_id] = (lease, 1)
-            if held is None and (lease.orphan or lease.foreign):
-                try:
-                    if lease.foreign and self.refresh is not None:
-                        self.refresh(user_id)  # another process wrote: plan from what it wrote
-                    if lease.orphan and self.recover is not None:
-                        self.recover(user_id, lease.orphan)
-                except BaseException:  # the lease expires with the orphan kept for the next
-                    with self._guard:
-                        del self._held[user_id]
-                    raise
+                depth = self._depth.get(user_id, 0)
+                self._depth[user_id] = depth + 1
             try:
-                yield
+                if depth == 0 and self.leases is not None:
+                    with self._leased(user_id, self.leases):
+                        yield
+                else:
+                    yield
             finally:
                 with self._guard:
-                    current, depth = self._held[user_id]
-                    if depth > 1:
-                        self._held[user_id] = (current, depth - 1)
+                    if depth == 0:
+                        del self._depth[user_id]
                     else:
-                        del self._held[user_id]
-                if depth == 1:
-                    self.leases.release(current)
+                        self._depth[user_id] = depth
+                if depth == 0:
+                    self._bump(user_id)
+
+    @contextmanager
+    def _leased(self, user_id: str, leases: ChromaLeases) -> Iterator[None]:
+        """Hold the user's lease (the outermost entry only); first finish a dead holder's batch
+        and catch up with other processes' writes."""
+        lease = leases.acquire(user_id)
+        with self._guard:
+            self._held[user_id] = lease
+        try:
+            if lease.foreign:
+                self._bump(user_id)  # plans made before are stale
+                if self.refresh is not None:
+                    self.refresh(user_id)  # another process wrote: plan from what it wrote
+            if lease.orphan and self.recover is not None:
+                self.recover(user_id, lease.orphan)
+        except BaseException:  # unreleased: the lease expires with the orphan kept for the next
+            with self._guard:
+                del self._held[user_id]
+            raise
+        try:
+            yield
+        finally:
+            with self._guard:
+                del self._held[user_id]
+            leases.release(lease)

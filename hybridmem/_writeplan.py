@@ -162,6 +162,10 @@ class Prepared:
     vectors: dict[str, list[float]] = field(default_factory=dict)
     found: dict[Key, Found] = field(default_factory=dict)
     verdicts: dict[tuple[str, str], policy.Verdict | None] = field(default_factory=dict)
+    #: The plan made with the answers, and the user's write epoch it was made at: if no write
+    #: happened since (same epoch under the lock), it is applied as it is, without re-reading.
+    planned: tuple[WritePlan, list[str]] | None = None
+    epoch: int | None = None
 
 
 def new_item(user_id: str, r: AddRequest, now: datetime, *, key: str | None) -> MemoryItem:

@@ -115,7 +115,7 @@ class Writer:
                 stored = self.try_commit(prepared)
             if stored is not None:
                 return stored
-            self._plan(prepared, "fill")  # the answers the newer plan lacked, without the lock
+            self._fill(prepared)  # the answers the newer plan lacked, without the lock
         with self.locks(user_id):
             return self.commit(prepared)
 
@@ -132,8 +132,12 @@ class Writer:
         (embedding, extraction, judge); the caller need not hold the lock, and nothing is written."""
         prepared = Prepared(user_id=user_id, requests=list(requests), infer=infer, key=key,
                             cause=cause)
-        self._plan(prepared, "fill")
+        self._fill(prepared)
         return prepared
+
+    def _fill(self, prepared: Prepared) -> None:
+        prepared.epoch = self.locks.epoch(prepared.user_id)  # before the reads it vouches for
+        prepared.planned = self._plan(prepared, "fill")
 
     def commit(self, prepared: Prepared) -> list[MemoryItem]:
         """Plan again from the stores as they are now and apply it (the caller holds the lock);
@@ -149,7 +153,9 @@ class Writer:
         return self._commit(prepared, "check")
 
     def _commit(self, prepared: Prepared, mode: Mode) -> list[MemoryItem] | None:
-        planned = self._plan(prepared, mode)
+        planned, prepared.planned = prepared.planned, None
+        if planned is None or prepared.epoch != self.locks.epoch(prepared.user_id):
+            planned = self._plan(prepared, mode)  # something was written since: plan again
         if planned is None:
             return None
         plan, order = planned
