@@ -42,7 +42,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybridmem import _chroma
@@ -88,6 +88,7 @@ class Lease:
     owner: str
     orphan: str | None = None
     foreign: bool = True
+    renewed: float = field(default_factory=time.monotonic)  # when its expiry was last pushed
 
 
 class ChromaLeases:
@@ -163,7 +164,10 @@ class ChromaLeases:
     def journal(self, lease: Lease, intent: str) -> None:
         """Write a batch's intent into the lease (``""`` clears it) and renew the lease; raises
         :class:`StorageError` if another process took it meanwhile (nothing is written then)."""
-        if not self._holds(lease.user_id, lease.slot, lease.owner):
+        renewed = time.monotonic()
+        # within half its lifetime of the last renewal nobody can have taken it: skip the check
+        if renewed - lease.renewed > self.ttl / 2 and not self._holds(
+                lease.user_id, lease.slot, lease.owner):
             raise StorageError(
                 f"lost the write lease of {lease.user_id!r} (held past {self.ttl:.0f} s?); the "
                 "write was not applied, retry it")
@@ -172,17 +176,21 @@ class ChromaLeases:
             ids=[_slot(lease.slot)], documents=[intent], embeddings=unit,
             metadatas=[{"owner": lease.owner, "state": "held",
                         "expires": time.time() + self.ttl}]))
+        lease.renewed = renewed
 
     def release(self, lease: Lease) -> None:
         """Mark the lease free (its journal cleared); a lease already taken over is left alone."""
         unit: list[PyEmbedding] = [_UNIT]
+        fresh = time.monotonic() - lease.renewed <= self.ttl / 2  # surely still its holder
 
         def free(c: Collection) -> None:
-            got = c.get(ids=[_slot(lease.slot)], include=["metadatas"])
-            metas = got["metadatas"] or []
-            if metas and (metas[0] or {}).get("owner") == lease.owner:
-                c.update(ids=[_slot(lease.slot)], documents=[""], embeddings=unit,
-                         metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
+            if not fresh:
+                got = c.get(ids=[_slot(lease.slot)], include=["metadatas"])
+                metas = got["metadatas"] or []
+                if not metas or (metas[0] or {}).get("owner") != lease.owner:
+                    return
+            c.update(ids=[_slot(lease.slot)], documents=[""], embeddings=unit,
+                     metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
 
         self._run(lease.user_id, "release the write lease", free)
 
