@@ -107,10 +107,19 @@ class ChromaLeases:
     def __repr__(self) -> str:
         return f"ChromaLeases(ttl={self.ttl})"
 
-    def _run(self, user_id: str, what: str, call: Callable[[Collection], Any]) -> Any:
+    def _run(self, user_id: str, what: str, call: Callable[[Collection], Any], *,
+             create: bool = True) -> Any:
+        """``call`` on the user's lease collection (created if missing unless not ``create``:
+        then None when it is gone, as after :meth:`drop_user`)."""
         created: _chroma.CollectionMeta = {"kind": "hybridmem-lease", "schema": _SCHEMA}
         return self._handles.run(lease_collection_name(user_id), call, user_id=user_id,
-                                 what=what, create=created)
+                                 what=what, create=created if create else None)
+
+    def drop_user(self, user_id: str) -> None:
+        """Delete the user's lease collection (forgetting a user leaves nothing of it); the
+        holder's release then finds nothing to free."""
+        self._handles.drop(lease_collection_name(user_id), user_id=user_id,
+                           what="delete the write lease")
 
     def _slots(self, user_id: str) -> dict[int, tuple[dict[str, Any], str]]:
         got = self._run(user_id, "read the write lease",
@@ -192,7 +201,7 @@ class ChromaLeases:
             c.update(ids=[_slot(lease.slot)], documents=[""], embeddings=unit,
                      metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
 
-        self._run(lease.user_id, "release the write lease", free)
+        self._run(lease.user_id, "release the write lease", free, create=False)
 
     def close(self) -> None:
         """Forget cached handles (the client is the vector store's)."""

@@ -65,6 +65,8 @@ class Stores:
         self.lexical.drop_user(user_id)
         self.graph.drop_user(user_id)
         self.history.drop_user(user_id)
+        if self.leases is not None:
+            self.leases.drop_user(user_id)
         remove_tree(user_dir(settings.data_dir, user_id, create=False))
         self.vectors.purge()
 
