@@ -224,20 +224,18 @@ class WriteLocks:
         self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
         self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
         self._guard = threading.Lock()
-        #: user -> the tick of the last locked section's end (bounded: a forgotten user gets a
-        #: fresh tick, which only costs a re-plan)
+        #: user -> the tick of the last locked section's end; bounded: users without an entry
+        #: share ``_floor``, which moves whenever an entry is evicted
         self._epochs: OrderedDict[str, int] = OrderedDict()
         self._tick = 0
+        self._floor = 0
 
     def epoch(self, user_id: str) -> int:
         """Changes whenever a locked section of the user ends (in this process) or the lease
         was last held by another process: equal epochs mean nothing was written in between,
         so a plan made at the first still holds at the second."""
         with self._guard:
-            if user_id not in self._epochs:
-                self._tick += 1
-                return -self._tick  # never equal to any other epoch
-            return self._epochs[user_id]
+            return self._epochs.get(user_id, self._floor)
 
     def _bump(self, user_id: str) -> None:
         with self._guard:
@@ -246,6 +244,8 @@ class WriteLocks:
             self._epochs.move_to_end(user_id)
             while len(self._epochs) > MAX_REMEMBERED:
                 self._epochs.popitem(last=False)
+                self._tick += 1
+                self._floor = self._tick  # an evicted user's earlier epoch matches no more
 
     def lease(self, user_id: str) -> Lease | None:
         """The lease this thread holds for the user (call while holding the user's lock)."""
