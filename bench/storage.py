@@ -24,9 +24,7 @@ import logging
 import os
 import random
 import resource
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +61,7 @@ def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
     embedder = LocalEmbedder(threads=2)
     out: dict[str, Any] = {"single": [], "add_many": {}}
     data_dir = root / "add"
+    raw = _RawSingles(root / "raw-single", embedder.dimension)
     with Memory(Settings(data_dir=data_dir, embedder="local", extractor="rules"),
                 embedder=embedder) as mem:
         have = 0
@@ -82,10 +81,12 @@ def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
                 mem.add("bench", text)
                 times.append((time.perf_counter() - t0) * 1000)
             have = mem.count("bench")
+            raw_ms = raw.median_add_ms(have, singles)
             folder = next((data_dir / "users").iterdir())
             sizes_on_disk = {p.name: p.stat().st_size for p in folder.iterdir()}
             out["single"].append({
                 "memories": have, "median_ms": statistics.median(times),
+                "raw_chroma_add_median_ms": raw_ms, "loadavg": os.getloadavg(),
                 "p90_ms": sorted(times)[int(len(times) * 0.9) - 1],
                 "graph_json_bytes": sizes_on_disk.get("graph.json", 0),
                 "graph_log_bytes": sizes_on_disk.get("graph.log", 0),
@@ -107,7 +108,47 @@ def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
                        embeddings=embedder.embed_batch(chunk))
     out["add_many"]["floor_per_s"] = len(texts) / (time.perf_counter() - started)
     out["add_many"]["ratio"] = out["add_many"]["per_s"] / out["add_many"]["floor_per_s"]
+    out["add_many"]["loadavg"] = os.getloadavg()
     return out
+
+
+class _RawSingles:
+    """The floor of a single add at a size: one record added to a bare Chroma collection of the
+    same size (random unit vectors: Chroma's cost, not the embedder's, is what grows)."""
+
+    def __init__(self, path: Path, dimension: int) -> None:
+        import chromadb
+        import numpy as np
+        from chromadb.config import Settings as ChromaSettings
+
+        self._np = np
+        self._rng = np.random.default_rng(0)
+        self._dimension = dimension
+        client = chromadb.PersistentClient(path=str(path),
+                                           settings=ChromaSettings(anonymized_telemetry=False))
+        self._collection = client.get_or_create_collection(
+            "raw", embedding_function=None, configuration={"hnsw": {"space": "cosine"}})
+        self._n = 0
+
+    def _vectors(self, n: int) -> Any:
+        v = self._rng.standard_normal((n, self._dimension)).astype(self._np.float32)
+        return v / self._np.linalg.norm(v, axis=1, keepdims=True)
+
+    def _add(self, texts: list[str]) -> None:
+        ids = [f"r{self._n + i}" for i in range(len(texts))]
+        self._collection.add(ids=ids, documents=texts, embeddings=self._vectors(len(texts)),
+                             metadatas=[{"n": self._n + i} for i in range(len(texts))])
+        self._n += len(texts)
+
+    def median_add_ms(self, size: int, singles: int) -> float:
+        while self._n < size:
+            self._add(sentences(min(500, size - self._n), seed=self._n))
+        times = []
+        for text in sentences(singles, seed=-size):
+            t0 = time.perf_counter()
+            self._add([text])
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
 
 
 def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
@@ -126,38 +167,22 @@ def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
 
 
 def bench_crash(trials: int, root: Path) -> dict[str, Any]:
+    """The suite's kill -9 harness (tests/crash_harness.py), ``trials`` times."""
     sys.path.insert(0, str(REPO / "tests"))
-    from test_crash import WRITER, _agree, _all  # the writer and the checks of the suite
-
-    from hybridmem import Memory, Settings
+    import crash_harness
 
     rng = random.Random(7)
     data_dir = root / "crash"
-    acknowledged: set[str] = set()
-    forgotten: set[str] = set()
+    ledger = crash_harness.Ledger()
     lost = disagreements = 0
-    for trial in range(trials):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        rest = proc.stdout.read()  # the same buffered reader as readline (not communicate)
-        proc.wait(timeout=120)
-        for line in [first, *rest.splitlines()]:
-            if line.startswith("forgetting "):
-                forgotten.add(line.split()[1])
-            elif line.strip():
-                acknowledged.update(line.split())
-        with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-            stored = {i.id for i in _all(mem, "crash-user")}
-            lost += len(acknowledged - forgotten - stored)
-            try:
-                _agree(mem, data_dir, "crash-user")
-            except AssertionError:
-                disagreements += 1
-    return {"trials": trials, "lost_acknowledged": lost, "store_disagreements": disagreements}
+    for n in range(trials):
+        missing, agree = crash_harness.trial(data_dir, n, rng, ledger)
+        lost += missing
+        disagreements += not agree
+        if n % 20 == 19:
+            log.info("kill -9: %d trials, %d lost, %d disagreements", n + 1, lost, disagreements)
+    return {"trials": trials, "acknowledged": len(ledger.acknowledged),
+            "lost_acknowledged": lost, "store_disagreements": disagreements}
 
 
 def main() -> None:
@@ -175,23 +200,31 @@ def main() -> None:
         ("chromadb", "onnxruntime", "networkx"))}
     with tempfile.TemporaryDirectory(prefix="hybridmem-bench-") as tmp:
         root = Path(tmp)
-        sizes = [int(x) for x in args.sizes.split(",")]
-        result = {"provenance": provenance,
-                  "add": bench_add(sizes, root, args.singles),
-                  "users": bench_users([int(x) for x in args.users.split(",")], root),
+        sizes = [int(x) for x in args.sizes.split(",") if x]  # --sizes "" skips a part
+        users = [int(x) for x in args.users.split(",") if x]
+        result = {"provenance": provenance, "loadavg_start": os.getloadavg(),
+                  "add": bench_add(sizes, root, args.singles) if sizes else None,
+                  "users": bench_users(users, root) if users else [],
                   "crash": bench_crash(args.trials, root) if args.trials else None}
-    single = result["add"]["single"]
-    print("| memories | single add median ms | p90 ms | graph.json | graph.log |")
-    print("|---|---|---|---|---|")
-    for row in single:
-        print(f"| {row['memories']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} | "
-              f"{row['graph_json_bytes']:,} | {row['graph_log_bytes']:,} |")
-    many = result["add"]["add_many"]
-    print(f"\nadd_many: {many['per_s']:.0f}/s vs raw floor {many['floor_per_s']:.0f}/s "
-          f"(ratio {many['ratio']:.2f}); single add at {single[-1]['memories']} / at "
-          f"{single[0]['memories']}: {single[-1]['median_ms'] / single[0]['median_ms']:.2f}x")
+    if result["add"]:
+        single = result["add"]["single"]
+        print("| memories | single add median ms | p90 ms | raw Chroma add ms | graph.json | "
+              "graph.log | load avg |")
+        print("|---|---|---|---|---|---|---|")
+        for row in single:
+            print(f"| {row['memories']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} | "
+                  f"{row['raw_chroma_add_median_ms']:.1f} | {row['graph_json_bytes']:,} | "
+                  f"{row['graph_log_bytes']:,} | {row['loadavg'][0]:.1f} |")
+        many = result["add"]["add_many"]
+        first, last = single[0], single[-1]
+        print(f"\nadd_many: {many['per_s']:.0f}/s vs raw floor {many['floor_per_s']:.0f}/s "
+              f"(ratio {many['ratio']:.2f}); single add at {last['memories']} / at "
+              f"{first['memories']}: {last['median_ms'] / first['median_ms']:.2f}x (raw Chroma: "
+              f"{last['raw_chroma_add_median_ms'] / first['raw_chroma_add_median_ms']:.2f}x)")
     for row in result["users"]:
         print(f"{row['users']} users: {row['open_fds']} open fds, max RSS {row['max_rss_mb']:.0f} MB")
+    print(f"load average at the start: {result['loadavg_start'][0]:.1f}, at the end: "
+          f"{os.getloadavg()[0]:.1f}")
     if result["crash"]:
         c = result["crash"]
         print(f"kill -9: {c['trials']} trials, {c['lost_acknowledged']} acknowledged writes lost, "

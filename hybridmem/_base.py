@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from hybridmem import backends
-from hybridmem._dirlock import UserLocks
+from hybridmem._lease import WriteLocks
 from hybridmem.config import Settings
 from hybridmem.errors import ClosedError
 from hybridmem.models import Usage, validate_user_id
@@ -72,10 +72,11 @@ class MemoryBase:
             history=history_log,
         )
         self._usage = UsageMeter()
-        self._lock = UserLocks()
+        self._lock = WriteLocks(self._stores.leases)  # with a Chroma server: across processes
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
+            locks=self._lock,
         )
         self._writer.recover()  # batches a crash left half-written, before anything else
         recover_imports(s.data_dir, self._stores, embed=self._embed)  # and imports

@@ -10,6 +10,14 @@ Every step is idempotent, so recovering twice, or recovering a batch that had in
 changes nothing.
 
 The file carries memory text only while its batch is in flight; nothing of it stays afterwards.
+
+**Server mode** (``chroma_url``) writes the same :class:`Intent` into the user's write lease in the
+Chroma server instead of a local file (:mod:`hybridmem._lease`), so any process, on any host, can
+finish a batch whose writer died: the next one to take the user's lease after it expired does,
+before its own write. It covers what this journal covers — the main collection's records (the
+commit point), the graph records, the history and the lexical rows of this process's cache (other
+processes' caches catch up by their own checks) — for every batch written through
+:class:`~hybridmem.write.Writer`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridmem._chroma import file_limit
 from hybridmem._dirlock import DataDirLock
@@ -27,6 +27,9 @@ from hybridmem.protocols import (
     TokenCounter,
     VectorStore,
 )
+
+if TYPE_CHECKING:
+    from hybridmem._lease import ChromaLeases
 
 __all__ = [
     "Stores",
@@ -52,6 +55,8 @@ class Stores:
     graph: GraphStore
     history: HistoryLog
     dir_lock: DataDirLock | None = None
+    #: Server mode: the per-user write leases shared by every process (see hybridmem._lease).
+    leases: ChromaLeases | None = None
 
     def drop_user(self, settings: Settings, user_id: str) -> None:
         """Erase everything of the user in every store, then the user's folder, then make the
@@ -60,6 +65,8 @@ class Stores:
         self.lexical.drop_user(user_id)
         self.graph.drop_user(user_id)
         self.history.drop_user(user_id)
+        if self.leases is not None:
+            self.leases.drop_user(user_id)
         remove_tree(user_dir(settings.data_dir, user_id, create=False))
         self.vectors.purge()
 
@@ -72,6 +79,8 @@ class Stores:
             except Exception as exc:  # keep closing the others
                 log.warning("closing %s failed: %s", type(store).__name__, exc)
                 failure = failure or exc
+        if self.leases is not None:
+            self.leases.close()
         if self.dir_lock is not None:
             self.dir_lock.release()
         if failure is not None:
@@ -150,11 +159,21 @@ def _open(
 
             graph = NetworkXGraphStore(s.data_dir, max_open=max_open)
     if history is None:
-        from hybridmem.history import HistoryStore
+        if s.chroma_url and client is not None:  # shared by every process, like the graph
+            from hybridmem._sharedhistory import ChromaHistoryLog
 
-        history = HistoryStore(s.data_dir, max_open=max_open)
+            history = ChromaHistoryLog(client)
+        else:
+            from hybridmem.history import HistoryStore
+
+            history = HistoryStore(s.data_dir, max_open=max_open)
+    leases = None
+    if s.chroma_url and client is not None:  # dedup and supersession across processes
+        from hybridmem._lease import ChromaLeases
+
+        leases = ChromaLeases(client)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
-                  dir_lock=dir_lock)
+                  dir_lock=dir_lock, leases=leases)
 
 
 def default_embedder(settings: Settings) -> Embedder:

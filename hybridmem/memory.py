@@ -139,12 +139,8 @@ class Memory(MemoryBase):
         requests = [to_request(item) for item in items]
         if not requests:
             return []
-        with self._lock(user_id):
-            return self._write(user_id, requests, infer=infer)
-
-    def _write(self, user_id: str, requests: Sequence[AddRequest], *, infer: bool,
-               key: str | None = None, cause: str = "add") -> builtins.list[MemoryItem]:
-        stored = self._writer.write(user_id, requests, infer=infer, key=key, cause=cause)
+        # the writer takes the user's lock itself, after the model calls (see hybridmem.write)
+        stored = self._writer.write(user_id, requests, infer=infer)
         self._extras.changed(user_id, stored)
         return stored
 
@@ -175,12 +171,15 @@ class Memory(MemoryBase):
             return None
         result = self.chat_model.complete(episodes.summary_messages(turns))
         self._usage.add(result.usage)
+        if not result.text.strip():
+            return None
+        prepared = self._writer.prepare(user_id, [episodes.summary_request(turns, result.text)],
+                                        infer=False, cause="summary")
         with self._lock(user_id):  # another call may have summarised these turns meanwhile
-            if not result.text.strip() or not episodes.still_unsummarized(
-                    self._stores.vectors, user_id, turns):
+            if not episodes.still_unsummarized(self._stores.vectors, user_id, turns):
                 return None
-            request = episodes.summary_request(turns, result.text)
-            (item,) = self._write(user_id, [request], infer=False, cause="summary")
+            (item,) = self._writer.commit(prepared)
+            self._extras.changed(user_id, [item])
             return item
 
     def reextract(self, user_id: str) -> int:
@@ -211,11 +210,13 @@ class Memory(MemoryBase):
             "text": f"{key}: {validate_text(value, what='value')}", "category": category,
             "confidence": confidence, "importance": importance, "source": "user",
         })
+        prepared = self._writer.prepare(user_id, [request], infer=False, key=key, cause="remember")
         with self._lock(user_id):
             old = self._stores.vectors.list(user_id, where=all_of(eq("key", key), eq("current", True)))
             if old and old[0].text == request.text:
                 return old[0]
-            (item,) = self._write(user_id, [request], infer=False, key=key, cause="remember")
+            (item,) = self._writer.commit(prepared)
+            self._extras.changed(user_id, [item])
             self._writer.supersede(user_id, [o for o in old if o.id != item.id], item,
                                    cause=f"new value for {key!r}")
             return item
@@ -255,11 +256,15 @@ class Memory(MemoryBase):
                                     confidence=confidence, expires_at=expires_at, metadata=meta)
         except ValidationError as exc:
             raise InvalidInputError(pydantic_message(exc.errors())) from exc
+        prepared = None
+        if request.text is not None:  # embedded and extracted before the lock is taken
+            source = self.get(user_id, memory_id).source
+            prepared = self._writer.prepare_text(user_id, request.text, source=source)
         with self._lock(user_id):
             item = self.get(user_id, memory_id)
             changes = {**request.model_dump(exclude_none=True), "updated_at": utcnow()}
             updated = item.model_copy(update=changes)
-            self._writer.update(user_id, item, updated)
+            self._writer.update(user_id, item, updated, prepared=prepared)
             self._extras.changed(user_id, [updated])
             return self.get(user_id, memory_id)
 

@@ -15,14 +15,22 @@ One :meth:`Writer.write` call:
 Everything a batch will change is decided in a :class:`WritePlan` before anything is written, and
 only the plan's own methods change it. The rules themselves are pure and live in
 :mod:`hybridmem.policy`.
+
+**Model calls run outside the user's lock.** :meth:`Writer.write` plans once without the lock
+(:meth:`Writer.prepare`), calling the embedder, the extractor and the judge for what that plan
+needs, and keeps their answers in a :class:`Prepared` keyed by text. Under the lock it plans again
+from what the stores hold *now* (:meth:`Writer.commit`): a memory another write merged, changed or
+superseded meanwhile is simply seen as it is. If the new plan needs an answer the first did not
+ask for (a text now fresh that was a duplicate before, a new pair in the judge's band), the lock is
+released, the missing calls made, and it plans again; the last attempt makes do without (the
+judge keeps both; the rules extract and the memory stays marked ``needs_extraction``). A slow or
+hanging endpoint therefore delays only its own call, never another add or a search of the user.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -30,143 +38,40 @@ import numpy as np
 from hybridmem import _journal as journal
 from hybridmem import policy
 from hybridmem._journal import Intent
+from hybridmem._lease import WriteLocks
 from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.errors import BackendError
 from hybridmem.filters import Condition, all_of, eq
-from hybridmem.models import (
-    AddRequest,
-    Extraction,
-    HistoryEvent,
-    MemoryItem,
-    Relation,
-    Usage,
-    new_id,
-    utcnow,
+from hybridmem._writeplan import (
+    Found,
+    Key,
+    Mode,
+    Prepared,
+    UsageMeter,
+    WritePlan,
+    new_item,
+    speaker,
 )
+from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
 from hybridmem.protocols import BatchExtractor, ChatModel, Extractor
 from hybridmem.text import text_hash
 
-__all__ = ["EXTRACT_BATCH", "UsageMeter", "WritePlan", "Writer"]
+__all__ = ["EXTRACT_BATCH", "PLAN_ATTEMPTS", "Found", "Prepared", "UsageMeter", "WritePlan",
+           "Writer"]
 
 log = logging.getLogger(__name__)
 #: Most texts sent to an LLM extractor in one call.
 EXTRACT_BATCH = 16
+#: Plans under the lock before one makes do with the model answers it has (see the docstring).
+PLAN_ATTEMPTS = 3
 Embed = Callable[[Sequence[str]], list[list[float]]]
 
 
-class UsageMeter:
-    """Token usage of every model call a Memory made (extraction, judge, summaries, chat),
-    added up under a lock because a Memory is shared between threads."""
-
-    def __init__(self) -> None:
-        self._total = Usage()
-        self._lock = threading.Lock()
-
-    def add(self, usage: Usage) -> None:
-        with self._lock:
-            self._total = self._total + usage
-
-    @property
-    def total(self) -> Usage:
-        with self._lock:
-            return self._total
-
-
-@dataclass
-class WritePlan:
-    """Everything one write batch will change, decided before anything is written.
-
-    ``fresh``: new memory ids, in input order; ``rewritten``: stored memories whose text changed
-    (re-embedded and re-indexed); ``touched``: stored memories whose fields changed only;
-    ``merged_into``: fresh id -> the memory it was folded into; ``superseded``: memories that
-    stop being current."""
-
-    items: dict[str, MemoryItem] = field(default_factory=dict)
-    fresh: list[str] = field(default_factory=list)
-    vectors: dict[str, list[float]] = field(default_factory=dict)
-    extractions: dict[str, Extraction] = field(default_factory=dict)
-    touched: list[str] = field(default_factory=list)
-    rewritten: list[str] = field(default_factory=list)
-    merged_into: dict[str, str] = field(default_factory=dict)
-    superseded: list[str] = field(default_factory=list)
-    events: list[HistoryEvent] = field(default_factory=list)
-    #: Rewritten texts replace what the caller asked to erase (an update), not a merge.
-    erase: bool = False
-
-    @property
-    def written(self) -> list[str]:
-        """Ids whose text and vector are written: fresh ones not merged away, and rewrites."""
-        return [i for i in self.fresh if i not in self.merged_into] + self.rewritten
-
-    @property
-    def updated(self) -> list[str]:
-        """Ids whose fields only are written."""
-        written = set(self.written)
-        return [i for i in self.touched if i not in written]
-
-    def add_fresh(self, item: MemoryItem) -> None:
-        self.items[item.id] = item
-        self.fresh.append(item.id)
-
-    def touch(self, item: MemoryItem, event: HistoryEvent | None = None) -> None:
-        """Record new fields of a memory (and why)."""
-        self.items[item.id] = item
-        if item.id not in self.fresh and item.id not in self.touched and (
-            item.id not in self.rewritten
-        ):
-            self.touched.append(item.id)
-        if event is not None:
-            self.events.append(event)
-
-    def rewrite(self, item: MemoryItem, vector: list[float], event: HistoryEvent) -> None:
-        """A stored memory gets a new text: re-embedded, re-indexed, re-extracted."""
-        self.items[item.id] = item
-        self.vectors[item.id] = vector
-        if item.id in self.touched:
-            self.touched.remove(item.id)
-        if item.id not in self.rewritten:
-            self.rewritten.append(item.id)
-        self.events.append(event)
-
-    def extracted(self, item: MemoryItem, extraction: Extraction) -> None:
-        self.items[item.id] = item
-        self.extractions[item.id] = extraction
-
-    def merge(self, new: MemoryItem, into: MemoryItem, now: datetime, *, cosine: float) -> None:
-        """Fold the fresh ``new`` into ``into`` (see :func:`policy.merged`)."""
-        result = policy.merged(into, new, now)
-        self.merged_into[new.id] = into.id
-        if result.text != into.text:
-            self.vectors[into.id] = self.vectors[new.id]
-            self.items[into.id] = result
-            if into.id not in self.fresh and into.id not in self.rewritten:
-                self.rewritten.append(into.id)
-                if into.id in self.touched:
-                    self.touched.remove(into.id)
-        else:
-            self.touch(result)
-        self.events.append(HistoryEvent(
-            memory_id=into.id, action="merge", cause=f"near duplicate (cosine {cosine:.2f})",
-            text=new.text,
-        ))
-
-    def supersede(self, older: MemoryItem, newer: MemoryItem, *, cause: str) -> None:
-        """Mark ``older`` as no longer valid since ``newer`` became valid (nothing is deleted)."""
-        self.touch(older.model_copy(update={
-            "invalid_at": newer.valid_from or newer.created_at,
-            "superseded_by": newer.id,
-            "updated_at": utcnow(),
-        }))
-        if older.id not in self.superseded:
-            self.superseded.append(older.id)
-        self.events.append(HistoryEvent(
-            memory_id=older.id, action="supersede", cause=cause, detail={"by": newer.id},
-        ))
-
-
 class Writer:
-    """Plans and applies writes for one Memory. Callers hold the user's lock."""
+    """Plans and applies writes for one Memory. :meth:`write` takes the user's lock itself
+    (:attr:`locks`, shared with the Memory); the other write methods expect their caller to hold
+    it."""
 
     def __init__(
         self,
@@ -178,6 +83,7 @@ class Writer:
         rules: Callable[[], Extractor],
         chat: Callable[[], ChatModel],
         usage: UsageMeter,
+        locks: WriteLocks | None = None,
     ) -> None:
         self._settings = settings
         self._stores = stores
@@ -186,6 +92,10 @@ class Writer:
         self._rules = rules
         self._chat = chat
         self._usage = usage
+        #: The users' write locks (shared with the Memory; with a Chroma server, leases).
+        self.locks = locks if locks is not None else WriteLocks()
+        self.locks.recover = self._recover_orphan
+        self.locks.refresh = stores.graph.refresh  # the graph cache feeds supersession
 
     # -- the public steps --------------------------------------------------------------------------
     def write(
@@ -198,50 +108,83 @@ class Writer:
         cause: str = "add",
     ) -> list[MemoryItem]:
         """Store a batch; one item per request, in order (a merged request returns the memory it
-        was merged into)."""
-        now = utcnow()
-        plan = WritePlan()
-        dedup = self._settings.dedup
-        existing = self._existing_by_hash(
-            user_id, [r.text for r in requests if r.kind != "turn"]
-        ) if dedup else {}
-        by_hash: dict[str, str] = {}
-        order: list[str] = []
-        for r in requests:
-            h = text_hash(r.text)
-            target = None
-            if r.kind != "turn" and dedup:
-                target = by_hash.get(h) or (existing[h].id if h in existing else None)
-            if target is not None:
-                base = plan.items.get(target) or existing[h]
-                plan.touch(policy.bumped(base, r, now), HistoryEvent(
-                    memory_id=target, action="merge", cause="identical text"))
-                order.append(target)
-                continue
-            # items of one batch keep their order: each gets its own microsecond
-            item = _new_item(user_id, r, now + timedelta(microseconds=len(order)), key=key)
-            plan.add_fresh(item)
-            by_hash[h] = item.id
-            order.append(item.id)
+        was merged into). Model calls run without the user's lock (see the module docstring)."""
+        prepared = self.prepare(user_id, requests, infer=infer, key=key, cause=cause)
+        for _ in range(PLAN_ATTEMPTS - 1):
+            with self.locks(user_id):
+                stored = self.try_commit(prepared)
+            if stored is not None:
+                return stored
+            self._fill(prepared)  # the answers the newer plan lacked, without the lock
+        with self.locks(user_id):
+            return self.commit(prepared)
+
+    def prepare(
+        self,
+        user_id: str,
+        requests: Sequence[AddRequest],
+        *,
+        infer: bool,
+        key: str | None = None,
+        cause: str = "add",
+    ) -> Prepared:
+        """Plan the batch from the stores as they are, making every model call that plan needs
+        (embedding, extraction, judge); the caller need not hold the lock, and nothing is written."""
+        prepared = Prepared(user_id=user_id, requests=list(requests), infer=infer, key=key,
+                            cause=cause)
+        self._fill(prepared)
+        return prepared
+
+    def _fill(self, prepared: Prepared) -> None:
+        prepared.epoch = self.locks.epoch(prepared.user_id)  # before the reads it vouches for
+        prepared.planned = self._plan(prepared, "fill")
+
+    def commit(self, prepared: Prepared) -> list[MemoryItem]:
+        """Plan again from the stores as they are now and apply it (the caller holds the lock);
+        a model answer ``prepared`` lacks is done without (see the module docstring)."""
+        stored = self._commit(prepared, "final")
+        if stored is None:  # pragma: no cover - a "final" plan never lacks anything
+            raise RuntimeError("a final write plan came back incomplete")
+        return stored
+
+    def try_commit(self, prepared: Prepared) -> list[MemoryItem] | None:
+        """Like :meth:`commit`, but None (nothing written) when the plan needs a model answer
+        ``prepared`` lacks: release the lock, :meth:`prepare` again, retry."""
+        return self._commit(prepared, "check")
+
+    def _commit(self, prepared: Prepared, mode: Mode) -> list[MemoryItem] | None:
+        planned, prepared.planned = prepared.planned, None
+        if planned is None or prepared.epoch != self.locks.epoch(prepared.user_id):
+            planned = self._plan(prepared, mode)  # something was written since: plan again
+        if planned is None:
+            return None
+        plan, order = planned
+        self.apply(prepared.user_id, plan, cause=prepared.cause)
         if plan.fresh:
-            vectors = self._embed([plan.items[i].text for i in plan.fresh])
-            plan.vectors.update(zip(plan.fresh, vectors))
-            if dedup:
-                self._merge_near_duplicates(user_id, plan, now)
-            self._extract_into(user_id, plan, infer=infer)
-        self.apply(user_id, plan, cause=cause)
-        if plan.fresh:
-            self._supersede_contradictions(user_id, plan)
+            self._supersede_contradictions(prepared.user_id, plan)
         return [plan.items[plan.merged_into.get(i, i)] for i in order]
 
-    def update(self, user_id: str, old: MemoryItem, new: MemoryItem) -> None:
-        """Write a changed memory; a new text is re-embedded, re-indexed and re-extracted."""
+    def prepare_text(self, user_id: str, text: str, *, source: str) -> Prepared:
+        """The vector and extraction of a caller's new text for :meth:`update`, made before the
+        lock is taken."""
+        prepared = Prepared(user_id=user_id, requests=[], infer=True, cause="update")
+        self._vectors_for(prepared, [text], "fill")
+        self._found_for(prepared, [(text, speaker(user_id, source))], "fill")
+        return prepared
+
+    def update(self, user_id: str, old: MemoryItem, new: MemoryItem,
+               *, prepared: Prepared | None = None) -> None:
+        """Write a changed memory; a new text is re-embedded, re-indexed and re-extracted (with
+        the answers of :meth:`prepare_text` when given, so no model is called here)."""
         plan = WritePlan()
         event = HistoryEvent(memory_id=new.id, action="update", cause="updated by the caller")
         if new.text != old.text:
+            p = prepared or Prepared(user_id=user_id, requests=[], infer=True, cause="update")
+            mode: Mode = "fill" if prepared is None else "final"
+            self._vectors_for(p, [new.text], "fill")  # only without prepare_text's vector
             plan.erase = True
-            plan.rewrite(new, self._embed([new.text])[0], event)
-            self._extract_into(user_id, plan, infer=True)
+            plan.rewrite(new, p.vectors[new.text], event)
+            self._extract_into(p, plan, mode)
         else:
             plan.touch(new, event)
         self.apply(user_id, plan, cause="update")
@@ -286,8 +229,8 @@ class Writer:
         """Journal the batch, write every store, clear the journal. An exception here undoes
         the new vectors (so nothing is half-written) and clears the journal; a crash leaves the
         journal for :meth:`recover`."""
-        data_dir, user_id = self._settings.data_dir, intent.user_id
-        journal.begin(data_dir, intent)
+        user_id = intent.user_id
+        self._journal(user_id, intent)
         if intent.written:
             self._stores.vectors.upsert(user_id, intent.written, vectors)
         try:
@@ -296,9 +239,9 @@ class Writer:
             new = [i.id for i in intent.written if i.id not in intent.rewritten]
             self._stores.vectors.delete(user_id, new)
             self._stores.lexical.delete(user_id, new)
-            journal.finish(data_dir, user_id)
+            self._journal(user_id, None)
             raise
-        journal.finish(data_dir, user_id)
+        self._journal(user_id, None)
 
     def _finish(self, intent: Intent) -> None:
         """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
@@ -324,29 +267,97 @@ class Writer:
 
     def recover(self) -> int:
         """Finish or undo the batches a crash left in the journal (call before any write);
-        returns how many there were. Forward when the batch's vectors landed (the upsert is
-        the commit point), back when they did not."""
+        returns how many there were. (Server mode keeps its journal in the user's lease, see
+        :mod:`hybridmem._lease`: the next process to take a dead holder's lease recovers it.)"""
         found = 0
         for intent in journal.pending(self._settings.data_dir):
             found += 1
-            user_id = intent.user_id
-            landed = {i.id: i.text for i in self._stores.vectors.get(
-                user_id, [i.id for i in intent.written])}
-            if all(landed.get(i.id) == i.text for i in intent.written):
-                log.warning("finishing a write to %d memories that a crash interrupted",
-                            len(intent.written) + len(intent.updated) + len(intent.deleted))
-                self._finish(intent)
-            else:  # the upsert never happened: nothing after it did either
-                log.warning("undoing a write of %d memories that a crash interrupted",
-                            len(intent.written))
-                new = [i.id for i in intent.written if i.id not in intent.rewritten]
-                self._stores.vectors.delete(user_id, new)
-                self._stores.lexical.delete(user_id, new)
-                self._stores.graph.remove_memory(user_id, new, erase=True)
-            journal.finish(self._settings.data_dir, user_id)
+            self._recover_one(intent)
+            journal.finish(self._settings.data_dir, intent.user_id)
         return found
 
+    def _recover_orphan(self, user_id: str, text: str) -> None:
+        """Finish a batch a dead process left in the lease this process just took."""
+        self._recover_one(Intent.model_validate_json(text))
+        self._journal(user_id, None)
+
+    def _recover_one(self, intent: Intent) -> None:
+        """Forward when the batch's vectors landed (the upsert is the commit point), back when
+        they did not. Every step is idempotent."""
+        user_id = intent.user_id
+        landed = {i.id: i.text for i in self._stores.vectors.get(
+            user_id, [i.id for i in intent.written])}
+        if all(landed.get(i.id) == i.text for i in intent.written):
+            log.warning("finishing a write to %d memories that a crash interrupted",
+                        len(intent.written) + len(intent.updated) + len(intent.deleted))
+            self._finish(intent)
+        else:  # the upsert never happened: nothing after it did either
+            log.warning("undoing a write of %d memories that a crash interrupted",
+                        len(intent.written))
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
+            self._stores.vectors.delete(user_id, new)
+            self._stores.lexical.delete(user_id, new)
+            self._stores.graph.remove_memory(user_id, new, erase=True)
+
+    def _journal(self, user_id: str, intent: Intent | None) -> None:
+        """Make a batch durable before its first store write (None: forget it after the last):
+        in the user's lease with a Chroma server, else in the user's folder."""
+        lease = self.locks.lease(user_id)
+        if lease is not None and self.locks.leases is not None:
+            self.locks.leases.journal(lease, "" if intent is None else intent.model_dump_json())
+        elif intent is not None:
+            journal.begin(self._settings.data_dir, intent)
+        else:
+            journal.finish(self._settings.data_dir, user_id)
+
     # -- planning ----------------------------------------------------------------------------------
+    def _plan(self, p: Prepared, mode: Mode) -> tuple[WritePlan, list[str]] | None:
+        """The batch's plan from the stores as they are. ``mode``: "fill" makes the model calls
+        the plan needs (and records them in ``p``), "check" returns None when one is missing,
+        "final" makes do without (see the module docstring)."""
+        user_id, now = p.user_id, p.now
+        plan = WritePlan()
+        dedup = self._settings.dedup
+        existing = self._existing_by_hash(
+            user_id, [r.text for r in p.requests if r.kind != "turn"]
+        ) if dedup else {}
+        by_hash: dict[str, str] = {}
+        order: list[str] = []
+        for r in p.requests:
+            h = text_hash(r.text)
+            target = None
+            if r.kind != "turn" and dedup:
+                target = by_hash.get(h) or (existing[h].id if h in existing else None)
+            if target is not None:
+                base = plan.items.get(target) or existing[h]
+                plan.touch(policy.bumped(base, r, now), HistoryEvent(
+                    memory_id=target, action="merge", cause="identical text"))
+                order.append(target)
+                continue
+            # items of one batch keep their order: each gets its own microsecond
+            item = new_item(user_id, r, now + timedelta(microseconds=len(order)), key=p.key)
+            plan.add_fresh(item)
+            by_hash[h] = item.id
+            order.append(item.id)
+        if plan.fresh:
+            if not self._vectors_for(p, [plan.items[i].text for i in plan.fresh], mode):
+                return None
+            plan.vectors.update((i, p.vectors[plan.items[i].text]) for i in plan.fresh)
+            if dedup and not self._merge_near_duplicates(p, plan, mode):
+                return None
+            if not self._extract_into(p, plan, mode):
+                return None
+        return plan, order
+
+    def _vectors_for(self, p: Prepared, texts: Sequence[str], mode: Mode) -> bool:
+        """Embed the texts ``p`` has no vector for (False instead when ``mode`` is "check")."""
+        missing = [t for t in dict.fromkeys(texts) if t not in p.vectors]
+        if missing:
+            if mode == "check":
+                return False
+            p.vectors.update(zip(missing, self._embed(missing)))
+        return True
+
     def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
         hashes = tuple(sorted({text_hash(t) for t in texts}))
         if not hashes:
@@ -357,12 +368,13 @@ class Writer:
         )
         return {text_hash(i.text): i for i in self._stores.vectors.list(user_id, where=where)}
 
-    def _merge_near_duplicates(self, user_id: str, plan: WritePlan, now: datetime) -> None:
-        """Merge fresh facts into near-identical current facts (stored or earlier in the batch)."""
-        s = self._settings
+    def _merge_near_duplicates(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
+        """Merge fresh facts into near-identical current facts (stored or earlier in the batch);
+        False when ``mode`` is "check" and the judge was not yet asked about a pair."""
+        s, user_id, now = self._settings, p.user_id, p.now
         facts = [i for i in plan.fresh if plan.items[i].kind == "fact"]
         if not facts:
-            return
+            return True
         stored = self._stores.vectors.query(
             user_id, [plan.vectors[i] for i in facts], limit=3,
             where=all_of(eq("current", True), eq("kind", "fact")),
@@ -379,7 +391,12 @@ class Writer:
                     best = (hit.similarity, other)
                     break
                 if s.judge_band_min <= hit.similarity and s.llm_configured and s.judge:
-                    verdict = self._judge(other.text, item.text)
+                    pair = (other.text, item.text)
+                    if pair not in p.verdicts:
+                        if mode == "check":
+                            return False
+                        p.verdicts[pair] = self._judge(*pair) if mode == "fill" else None
+                    verdict = p.verdicts[pair]
                     if verdict == "DUPLICATE":
                         best = (hit.similarity, other)
                         break
@@ -398,6 +415,7 @@ class Writer:
                 seen.append(position)
                 continue
             plan.merge(item, best[1], now, cosine=best[0])
+        return True
 
     def _judge(self, old: str, new: str) -> policy.Verdict | None:
         """One structured call: is ``new`` an update, a duplicate, or a separate fact?"""
@@ -414,48 +432,75 @@ class Writer:
         self._usage.add(result.usage)
         return policy.parse_verdict(result.text)
 
-    def _extract_into(self, user_id: str, plan: WritePlan, *, infer: bool) -> None:
+    def _extract_into(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
+        """Attach the extraction of every written text (False when "check" finds one missing)."""
         items = [plan.items[i] for i in plan.written]
-        for item, extraction in self.extract(user_id, items, infer=infer):
-            plan.extracted(item, extraction)
+        keys = [(i.text, speaker(p.user_id, i.source)) for i in items]
+        if not self._found_for(p, keys, mode):
+            return False
+        for item, k in zip(items, keys):
+            f = p.found[k]
+            plan.extracted(item.model_copy(update={
+                "extractor": f.extractor, "needs_extraction": f.needs_extraction}), f.extraction)
+        return True
+
+    def _found_for(self, p: Prepared, keys: Sequence[Key], mode: Mode) -> bool:
+        """Extract the texts ``p`` has no extraction for: with the model in "fill" mode, with the
+        rules (the memory marked for :meth:`reextract` if a model should have run) in "final"."""
+        missing = [k for k in dict.fromkeys(keys) if k not in p.found]
+        if not missing:
+            return True
+        if mode == "check":
+            return False
+        if mode == "final":
+            wanted = self._extractor is not None and p.infer and (
+                not self._extractor.name.startswith("rules"))
+            for k, f in zip(missing, self._extract_keys(p.user_id, missing, infer=False)):
+                p.found[k] = Found(f.extractor, f.needs_extraction or wanted, f.extraction)
+            return True
+        p.found.update(zip(missing, self._extract_keys(p.user_id, missing, infer=p.infer)))
+        return True
 
     def extract(
         self, user_id: str, items: Sequence[MemoryItem], *, infer: bool
     ) -> list[tuple[MemoryItem, Extraction]]:
-        """Each item (marked with who extracted it) and its entities, at most
-        :data:`EXTRACT_BATCH` texts per model call. A failing model never loses a memory: the
-        rules extract instead and the memory is marked ``needs_extraction``. ``infer=False`` never
-        calls a model (the rules still run: they are cheap and offline)."""
+        """Each item (marked with who extracted it) and its entities; see :meth:`_extract_keys`."""
+        keys = [(i.text, speaker(user_id, i.source)) for i in items]
+        return [
+            (i.model_copy(update={"extractor": f.extractor,
+                                  "needs_extraction": f.needs_extraction}), f.extraction)
+            for i, f in zip(items, self._extract_keys(user_id, keys, infer=infer))
+        ]
+
+    def _extract_keys(self, user_id: str, keys: Sequence[Key], *, infer: bool) -> list[Found]:
+        """The entities of each (text, speaker), at most :data:`EXTRACT_BATCH` texts per model
+        call. A failing model never loses a memory: the rules extract instead and the memory is
+        marked ``needs_extraction``. ``infer=False`` never calls a model (the rules still run:
+        they are cheap and offline)."""
         extractor = self._extractor
-        if extractor is None or not items:
-            return [(i, Extraction()) for i in items]
+        if extractor is None or not keys:
+            return [Found("none", False, Extraction()) for _ in keys]
         if not infer and not extractor.name.startswith("rules"):
             extractor = self._rules()
-        out: list[tuple[MemoryItem, Extraction]] = []
-        for start in range(0, len(items), EXTRACT_BATCH):
-            chunk = items[start : start + EXTRACT_BATCH]
-            speakers: list[str | None] = [
-                user_id if i.source == "user" else i.source for i in chunk
-            ]
+        out: list[Found] = []
+        for start in range(0, len(keys), EXTRACT_BATCH):
+            chunk = keys[start : start + EXTRACT_BATCH]
+            texts, speakers = [k[0] for k in chunk], [k[1] for k in chunk]
             try:
                 if isinstance(extractor, BatchExtractor) and len(chunk) > 1:
-                    found = extractor.extract_batch([i.text for i in chunk], speakers)
+                    found = extractor.extract_batch(texts, list(speakers))
                 else:
-                    found = [extractor.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
-                marked = [i.model_copy(update={"extractor": extractor.name,
-                                               "needs_extraction": False}) for i in chunk]
+                    found = [extractor.extract(t, speaker=sp) for t, sp in chunk]
+                name, failed = extractor.name, False
             except BackendError as exc:
                 log.warning("extraction with %s failed (%s); rules used, marked for re-extraction",
                             extractor.name, type(exc).__name__)
                 rules = self._rules()
-                found = [rules.extract(i.text, speaker=s) for i, s in zip(chunk, speakers)]
-                marked = [
-                    i.model_copy(update={"needs_extraction": True, "extractor": rules.name})
-                    for i in chunk
-                ]
+                found = [rules.extract(t, speaker=sp) for t, sp in chunk]
+                name, failed = rules.name, True
             for extraction in found:
                 self._usage.add(extraction.usage)
-            out.extend(zip(marked, found))
+            out.extend(Found(name, failed, e) for e in found)
         return out
 
     def reextract(self, user_id: str) -> list[tuple[MemoryItem, Extraction]]:
@@ -533,13 +578,3 @@ class Writer:
             rel = Relation(subject=row.subject, predicate=predicate, object=row.object)
             out.extend((m, rel) for m in row.memory_ids)
         return out
-
-
-def _new_item(user_id: str, r: AddRequest, now: datetime, *, key: str | None) -> MemoryItem:
-    created = r.created_at or now
-    return MemoryItem(
-        id=new_id(), user_id=user_id, text=r.text, kind=r.kind, category=r.category,
-        importance=r.importance, confidence=r.confidence, source=r.source, created_at=created,
-        updated_at=created, valid_from=created, expires_at=r.expires_at, metadata=r.metadata,
-        key=key,
-    )

@@ -5,101 +5,34 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+import crash_harness
 from hybridmem import DataDirLockedError, Memory, Settings
 
-WRITER = r"""
-import sys
-from hybridmem import Memory, Settings
 
-data_dir, start = sys.argv[1], int(sys.argv[2])
-with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-    for n in range(start, start + 10_000):
-        texts = [f"I bought gadget {n}-{k} for the office of Alice {n}" for k in range(5)]
-        if n % 3 == 0:
-            texts.append(f"I live in Town{n}")  # supersedes the previous town
-        items = mem.add_many("crash-user", texts)
-        print(" ".join(i.id for i in items), flush=True)
-        if n % 7 == 6:  # said before it is done: a kill in between may or may not have erased it
-            print("forgetting", items[0].id, flush=True)
-            mem.forget("crash-user", items[0].id)
-"""
-
-
-def _ids_in_sqlite(path: Path, sql: str) -> set[str]:
-    if not path.exists():
-        return set()
-    with sqlite3.connect(path) as conn:
-        return {row[0] for row in conn.execute(sql)}
-
-
-def _all(mem: Memory, user: str) -> list[Any]:
-    """Every memory of the user, superseded ones included, page by page."""
-    items: list[Any] = []
-    while page := mem.list(user, limit=1000, offset=len(items), include_superseded=True):
-        items.extend(page)
-    return items
-
-
-def _agree(mem: Memory, data_dir: Path, user: str) -> None:
-    """Every store holds exactly the memories the vector store holds."""
-    items = _all(mem, user)
-    ids = {i.id for i in items}
-    assert mem.count(user) == len(ids)
-    folder = next((data_dir / "users").iterdir())
-    lexical = _ids_in_sqlite(folder / "lexical.sqlite3", "SELECT id FROM ids")
-    assert lexical == ids
-    added = _ids_in_sqlite(folder / "history.sqlite3",
-                           "SELECT memory_id FROM events WHERE action = 'add'")
-    deleted = _ids_in_sqlite(folder / "history.sqlite3",
-                             "SELECT memory_id FROM events WHERE action = 'delete'")
-    assert ids <= added and not ids & deleted
-    in_graph = {m for e in mem.entities(user) for m in e.memory_ids}
-    current = {i.id for i in items if i.is_current}
-    assert in_graph <= current  # no provenance of a memory that is gone or superseded
-    assert {i.id for i in items if "gadget" in i.text and i.is_current} <= in_graph
-    assert not (folder / "pending.json").exists()
-
-
-def test_a_writer_killed_at_random_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_a_writer_killed_at_random_loses_nothing_acknowledged(
+    tmp_path: Path, chroma_url: str | None
+) -> None:
+    """Embedded: the journal in the user's folder, recovered when the next Memory opens. Server
+    mode: the journal in the user's lease, recovered by the next process to take it."""
     rng = random.Random(20261130)
     data_dir = tmp_path / "hm"
-    acknowledged: set[str] = set()
-    forgotten: set[str] = set()
-    for trial in range(10):
-        errors = tmp_path / f"writer-{trial}.err"
+    ledger = crash_harness.Ledger()
+    for n in range(10 if chroma_url is None else 4):
+        errors = tmp_path / f"writer-{n}.err"
         with errors.open("w") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", WRITER, str(data_dir), str(trial * 1000)],
-                stdout=subprocess.PIPE, stderr=stderr, text=True,
-            )
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # the writer is up and has written once
-        assert first, errors.read_text()
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        # read through the same buffered reader as readline (communicate() would bypass it and
-        # drop lines it already holds)
-        rest = proc.stdout.read()
-        proc.wait(timeout=60)
-        for line in [first, *rest.splitlines()]:
-            if line.startswith("forgetting "):
-                forgotten.add(line.split()[1])
-            elif line.strip():
-                acknowledged.update(line.split())
-        with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-            stored = {i.id for i in _all(mem, "crash-user")}
-            assert acknowledged - forgotten <= stored, f"trial {trial} lost acknowledged writes"
-            _agree(mem, data_dir, "crash-user")
+            crash_harness.kill_writer(data_dir, n * 1000, rng, ledger, chroma_url=chroma_url,
+                                      stderr=stderr)
+        with Memory(crash_harness.settings(data_dir, chroma_url)) as mem:
+            crash_harness.recover(mem)
+            stored = {i.id for i in crash_harness.all_items(mem)}
+            assert ledger.must_exist <= stored, f"trial {n} lost acknowledged writes"
+            crash_harness.check_agree(mem, data_dir)
 
 
 HOLDER = r"""

@@ -108,3 +108,30 @@ def test_a_locked_history_is_busy_and_a_failed_write_leaves_nothing(history: His
         other.rollback()
         other.close()
     assert [(e.memory_id, e.text) for e in history.list("u")] == [("m1", "bought a ROG laptop")]
+
+
+# -- server mode: the history in the Chroma server (hybridmem._sharedhistory) ---------------------
+
+def test_the_shared_history_is_one_log_for_every_client(chroma_server: str,
+                                                        unique_user: str) -> None:
+    from hybridmem import _chroma
+    from hybridmem._sharedhistory import ChromaHistoryLog
+
+    a = ChromaHistoryLog(_chroma.make_client(url=chroma_server))
+    b = ChromaHistoryLog(_chroma.make_client(url=chroma_server))
+    seam: HistoryLog = a
+    assert seam.list(unique_user) == []  # no collection yet
+    e1, e2 = event("m1", detail={"why": "new"}), event("m2", cause="import")
+    e3 = event("m1", action="update", text="bought a ROG laptop and a mouse")
+    a.record(unique_user, [e1, e2])
+    b.record(unique_user, [e3, e1])  # e1 again: kept once
+    assert a.list(unique_user) == b.list(unique_user) == [e1, e2, e3]  # in recording order
+    assert b.list(unique_user, "m1") == [e1, e3]
+    b.scrub(unique_user, ["m1"])
+    scrubbed = a.list(unique_user, "m1")
+    assert [e.id for e in scrubbed] == [e1.id, e3.id]
+    assert all(e.text is None and e.detail == {} for e in scrubbed)
+    assert a.list(unique_user, "m2") == [e2]  # other memories keep their texts
+    a.drop_user(unique_user)
+    assert b.list(unique_user) == []
+    a.close(), b.close()

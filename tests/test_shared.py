@@ -427,3 +427,83 @@ def test_two_processes_add_to_one_user_concurrently(chroma_server: str, tmp_path
     assert b["path"] == ["Alice Smith 1001 -complements-> product 1001"]
     assert any("Alice Smith 2001" in t for t in a["graph_hit"])
     assert any("Alice Smith 1001" in t for t in b["graph_hit"])
+
+
+CONFLICTS = r'''
+import json, sys, time
+from pathlib import Path
+from hybridmem import Memory, Settings
+from hybridmem.offline import LocalEmbedder
+
+url, user, data_dir, tag, sync_dir, count = sys.argv[1:]
+sync, n = Path(sync_dir), int(count)
+base = {"a": 1000, "b": 2000}[tag]
+
+def barrier(name):
+    (sync / f"{name}-{tag}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob(f"{name}-*"))) < 2:
+        if time.monotonic() > deadline:
+            sys.exit(f"barrier {name} timed out")
+        time.sleep(0.01)
+
+with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
+            embedder=LocalEmbedder(threads=1)) as mem:
+    barrier("ready")
+    for i in range(n):
+        mem.add(user, f"I live in Town{base + i}")  # a conflict: one current town in the end
+        mem.add(user, f"I bought the Dell monitor number {i} for the office")  # said by both
+        mem.remember(user, "favourite colour", f"colour {base + i}")  # one current value
+    barrier("done")
+    everything = []
+    while page := mem.list(user, limit=1000, offset=len(everything), include_superseded=True):
+        everything.extend(page)
+    print(json.dumps({
+        "current": sorted(i.text for i in mem.list(user, limit=1000)),
+        "all": [[i.id, i.text, i.mention_count, i.is_current] for i in everything],
+        "facts": [[f.key, f.text] for f in mem.facts(user)],
+        "history": [[e.memory_id, e.action] for e in mem.history(user)],
+    }))
+'''
+
+
+def test_two_processes_writing_conflicting_facts_keep_one_current_value(
+    chroma_server: str, tmp_path: Path, unique_user: str
+) -> None:
+    """Both processes state a new town, the same purchases and a new key fact, interleaved: the
+    lease (hybridmem._lease) makes each plan see the other's writes, so in the end there is one
+    current town, one memory per purchase said twice, one current colour — and both processes
+    read the same shared history."""
+    script = tmp_path / "conflicts.py"
+    script.write_text(CONFLICTS)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    n = 8
+    procs = {
+        tag: subprocess.Popen(
+            [sys.executable, str(script), chroma_server, unique_user, str(tmp_path / tag), tag,
+             str(sync), str(n)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )
+        for tag in ("a", "b")
+    }
+    out = {}
+    for tag, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[tag] = json.loads(stdout.strip().splitlines()[-1])
+    a, b = out["a"], out["b"]
+    assert a["current"] == b["current"] and a["facts"] == b["facts"]
+    towns = [t for t in a["current"] if t.startswith("I live in")]
+    assert len(towns) == 1, towns  # exactly one current value of the conflict
+    assert len(a["facts"]) == 1 and a["facts"][0][0] == "favourite colour"
+    monitors = [(t, c) for _, t, c, _ in a["all"] if "monitor" in t]
+    assert sorted(t for t, _ in monitors) == sorted(
+        f"I bought the Dell monitor number {i} for the office" for i in range(n))  # no duplicate
+    assert all(c == 2 for _, c in monitors)  # each said twice, no bump lost
+    stated = [t for _, t, _, _ in a["all"] if t.startswith("I live in")]
+    assert len(stated) == 2 * n  # every statement kept, all but one superseded
+    ids = {i for i, _, _, _ in a["all"]}
+    assert a["history"] == b["history"]  # one history, shared through the server
+    assert ids <= {m for m, action in a["history"] if action == "add"}
+    assert sum(1 for _, action in a["history"] if action == "supersede") == 2 * (2 * n - 1)

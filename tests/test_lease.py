@@ -1,0 +1,94 @@
+"""The per-user write lease through a real `chroma run` (hybridmem._lease): one holder at a
+time across clients, a dead holder's lease taken over after it expires with its journal, a holder
+that lost its lease refused, and mutual exclusion under a real race."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hybridmem import _chroma
+from hybridmem._lease import ChromaLeases, WriteLocks
+from hybridmem.errors import StorageError, StoreBusyError
+
+
+def leases(url: str, ttl: float = 30.0) -> ChromaLeases:
+    return ChromaLeases(_chroma.make_client(url=url), ttl=ttl, poll=0.01)
+
+
+def test_one_holder_at_a_time(chroma_server: str, unique_user: str) -> None:
+    a, b = leases(chroma_server), leases(chroma_server)
+    held = a.acquire(unique_user)
+    assert held.orphan is None
+    with pytest.raises(StoreBusyError, match="another process is writing"):
+        b.acquire(unique_user, timeout=0.3)
+    a.release(held)
+    mine = b.acquire(unique_user, timeout=5)
+    assert mine.slot == held.slot + 1 and mine.foreign  # a held it last: b must catch up
+    b.release(mine)
+    again = b.acquire(unique_user, timeout=5)
+    assert not again.foreign  # b itself held it last
+    b.release(again)
+
+
+def test_a_dead_holders_journal_is_handed_over_and_it_is_refused(
+    chroma_server: str, unique_user: str
+) -> None:
+    dead, next_ = leases(chroma_server, ttl=0.5), leases(chroma_server, ttl=0.5)
+    lost = dead.acquire(unique_user)
+    dead.journal(lost, '{"user_id": "x"}')  # then the process "dies": no release
+    started = time.monotonic()
+    taken = next_.acquire(unique_user, timeout=10)
+    assert time.monotonic() - started > 0.1  # it waited for the expiry (not a timing bound)
+    assert taken.orphan == '{"user_id": "x"}'
+    with pytest.raises(StorageError, match="lost the write lease"):
+        dead.journal(lost, "{}")
+    dead.release(lost)  # a lease taken over is left alone
+    next_.journal(taken, "")
+    next_.release(taken)
+    after = next_.acquire(unique_user, timeout=5)
+    assert after.orphan is None  # the journal was cleared: nothing to finish twice
+    next_.release(after)
+
+
+def test_leases_exclude_each_other_under_a_race(chroma_server: str, unique_user: str) -> None:
+    """Four clients increment one counter record read-modify-write under the lease: no
+    increment is lost."""
+    client = _chroma.make_client(url=chroma_server)
+    counter = client.get_or_create_collection("counter-" + unique_user, embedding_function=None)
+    counter.add(ids=["n"], documents=["0"], embeddings=[[1.0]])
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        locks = WriteLocks(leases(chroma_server))
+        try:
+            for _ in range(5):
+                with locks(unique_user):
+                    with locks(unique_user):  # re-entrant: the lease is taken once
+                        value = int(counter.get(ids=["n"])["documents"][0])
+                        counter.update(ids=["n"], documents=[str(value + 1)], embeddings=[[1.0]])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert counter.get(ids=["n"])["documents"][0] == "20"
+    client.delete_collection("counter-" + unique_user)
+
+
+def test_forgetting_a_user_drops_its_lease(chroma_server: str, unique_user: str) -> None:
+    from hybridmem._lease import lease_collection_name
+
+    a = leases(chroma_server)
+    held = a.acquire(unique_user)
+    a.drop_user(unique_user)  # as Memory.forget(user) does, holding the lease
+    a.release(held)  # finds nothing to free, re-creates nothing
+    names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
+    assert lease_collection_name(unique_user) not in names
+    a.release(a.acquire(unique_user))  # the next write starts a new lease

@@ -1,0 +1,97 @@
+"""Model calls run outside the user's lock (hybridmem.write): a hanging endpoint delays only its
+own add, never another add or a search of the same user — and the plan made before the lock is
+checked again under it, so what changed meanwhile is not duplicated. Real parts: the OpenAI-wire
+test server on 127.0.0.1 (its slow reply hangs until the server is reset), real Chroma in both
+modes, the local embedder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from openai_wire import OpenAIWireServer, Reply
+
+from hybridmem import Memory, MemoryItem, Settings
+from hybridmem.offline import LocalEmbedder
+
+HANG = 120.0  # far beyond anything the test waits for: it ends when the server is reset
+
+
+def _llm_settings(make_settings: Callable[..., Settings], server: OpenAIWireServer) -> Settings:
+    return make_settings(base_url=server.base_url, api_key="sk-test", extractor="llm",
+                         max_retries=0, request_timeout=HANG, request_deadline=HANG)
+
+
+def _hanging_add(mem: Memory, user: str, text: str, server: OpenAIWireServer
+                 ) -> tuple[threading.Thread, list[MemoryItem]]:
+    """Start an add whose extraction call hangs; return once the server holds that call."""
+    server.script(Reply.slow(HANG))
+    out: list[MemoryItem] = []
+    thread = threading.Thread(target=lambda: out.append(mem.add(user, text)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.requests:
+        assert time.monotonic() < deadline, "the extraction call never reached the server"
+        assert thread.is_alive(), "the add finished without calling the endpoint"
+        time.sleep(0.02)
+    return thread, out
+
+
+def test_a_hanging_endpoint_blocks_neither_adds_nor_searches_of_the_user(
+    openai_server: OpenAIWireServer, make_settings: Callable[..., Settings],
+    embedder: LocalEmbedder, unique_user: str,
+) -> None:
+    with Memory(_llm_settings(make_settings, openai_server), embedder=embedder) as mem:
+        mem.add(unique_user, "Ann bought a ROG laptop", infer=False)
+        slow, out = _hanging_add(mem, unique_user, "Ann lives in Berlin", openai_server)
+
+        other = mem.add(unique_user, "Ann prefers matte screens")  # its own call: answered
+        hits = mem.search(unique_user, "which laptop did Ann buy?", limit=3)
+        assert other.text == "Ann prefers matte screens" and not other.needs_extraction
+        assert hits[0].item.text == "Ann bought a ROG laptop"
+        assert slow.is_alive()  # all of the above happened while the slow call still hung
+
+        openai_server.reset()  # the hanging reply is cut: the add falls back to the rules
+        slow.join(timeout=60)
+        assert not slow.is_alive() and out[0].needs_extraction
+        assert mem.count(unique_user) == 3
+
+
+def test_a_plan_made_before_the_lock_is_checked_again_under_it(
+    openai_server: OpenAIWireServer, make_settings: Callable[..., Settings],
+    embedder: LocalEmbedder, unique_user: str,
+) -> None:
+    with Memory(_llm_settings(make_settings, openai_server), embedder=embedder) as mem:
+        slow, out = _hanging_add(mem, unique_user, "Ann lives in Berlin", openai_server)
+        # while the first add waits for its model, the same fact arrives and is stored
+        first = mem.add(unique_user, "Ann lives in Berlin.")
+        openai_server.reset()
+        slow.join(timeout=60)
+        assert not slow.is_alive()
+        # the slow add planned "new memory" but found the fact stored when it took the lock
+        assert out[0].id == first.id and out[0].mention_count == 2
+        assert [i.id for i in mem.list(unique_user)] == [first.id]
+        actions = [e.action for e in mem.history(unique_user, first.id)]
+        assert actions == ["add", "merge"]
+
+
+def test_prepared_answers_are_reused_and_missing_ones_fetched(
+    make_settings: Callable[..., Settings], embedder: LocalEmbedder, unique_user: str,
+) -> None:
+    """White-box on the writer's two steps: a text that became fresh after prepare gets its
+    vector and extraction from a second prepare (try_commit says so), none is lost."""
+    with Memory(make_settings(extractor="rules"), embedder=embedder) as mem:
+        writer: Any = mem._writer
+        stored = mem.add(unique_user, "Ben works at Acme")
+        from hybridmem.models import to_request
+
+        prepared = writer.prepare(unique_user, [to_request("Ben works at Acme")], infer=True)
+        assert prepared.vectors == {}  # an exact duplicate needs no vector
+        mem.forget(unique_user, stored.id)  # ... until it is gone
+        assert writer.try_commit(prepared) is None  # nothing written: a vector is missing
+        assert mem.count(unique_user) == 0
+        (item,) = writer.write(unique_user, [to_request("Ben works at Acme")], infer=True)
+        assert item.id != stored.id and mem.count(unique_user) == 1
+        assert [str(r) for r in mem.relations(unique_user)] == ["Ben -works_at-> Acme"]
