@@ -12,9 +12,11 @@ waits for its thread to finish (``abandon_on_cancel=False``), so a cancelled wri
 running behind the caller's back while the next one starts.
 
 Concurrency: ``Memory`` is thread-safe and serialises writes per user with its own locks. On top of
-that, writes of one user pass an async per-user gate before taking a thread, so 50 concurrent adds
-for one user hold one worker thread, not all of them, and other users' calls keep flowing. Reads
-(search, context, get, list, ...) are not gated: they run in parallel.
+that, writes of one user pass an async per-user gate of :data:`USER_WRITE_SLOTS` before taking a
+thread, so 50 concurrent adds for one user hold at most two worker threads, not all of them, and
+other users' calls keep flowing — while a write whose model call hangs (made outside the user's
+lock, see :mod:`hybridmem.write`) does not hold up that user's next write. Reads (search, context,
+get, list, ...) are not gated: they run in parallel.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ __all__ = ["AsyncMemory"]
 T = TypeVar("T")
 #: Worker threads one AsyncMemory may occupy at once (anyio's own default limiter has 40).
 DEFAULT_MAX_THREADS = 8
+#: Writes of one user running at once (in threads); the rest wait in the event loop.
+USER_WRITE_SLOTS = 2
 _DONE = object()
 
 
@@ -114,7 +118,8 @@ class AsyncMemory:
         self._memory = memory
         self._owned = owned
         self._limiter = anyio.CapacityLimiter(max_threads)
-        self._gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+        self._gates: weakref.WeakValueDictionary[str, anyio.Semaphore] = (
+            weakref.WeakValueDictionary())
         self._busy = 0
         self._idle: anyio.Event | None = None
         self._closed = False
@@ -203,7 +208,7 @@ class AsyncMemory:
         # The gate is keyed by the raw id: Memory validates it (in the thread) and refuses bad ones.
         gate = self._gates.get(user_id) if isinstance(user_id, str) else None
         if gate is None:
-            gate = anyio.Lock()
+            gate = anyio.Semaphore(USER_WRITE_SLOTS)
             if isinstance(user_id, str):
                 self._gates[user_id] = gate
         async with gate:

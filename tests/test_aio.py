@@ -204,9 +204,9 @@ async def test_threads_are_bounded_by_max_threads(tmp_path: Path) -> None:
     assert 2 <= embedder.peak <= 3
 
 
-async def test_writes_of_one_user_hold_one_thread(tmp_path: Path) -> None:
-    """The per-user gate: 12 concurrent adds to one user never occupy two threads at once, so the
-    pool stays free for other users."""
+async def test_writes_of_one_user_hold_at_most_two_threads(tmp_path: Path) -> None:
+    """The per-user gate: 12 concurrent adds to one user never occupy more than two threads at
+    once, so the pool stays free for other users."""
     embedder = CountingEmbedder(delay=0.01)
     rng = random.Random(3)
     async with AsyncMemory(Settings(data_dir=tmp_path / "hm"), embedder=embedder,
@@ -215,7 +215,7 @@ async def test_writes_of_one_user_hold_one_thread(tmp_path: Path) -> None:
             for n in range(12):
                 tg.start_soon(amem.add, "solo", distinct_text(rng, n))
         assert await amem.count("solo") == 12
-    assert embedder.peak == 1
+    assert 1 <= embedder.peak <= 2
 
 
 # -- lifecycle -------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import pytest
 from openai_wire import OpenAIWireServer, Reply
 
-from hybridmem import Memory, MemoryItem, Settings
+from hybridmem import AsyncMemory, Memory, MemoryItem, Settings
 from hybridmem.offline import LocalEmbedder
 
 HANG = 120.0  # far beyond anything the test waits for: it ends when the server is reset
@@ -57,6 +59,28 @@ def test_a_hanging_endpoint_blocks_neither_adds_nor_searches_of_the_user(
         slow.join(timeout=60)
         assert not slow.is_alive() and out[0].needs_extraction
         assert mem.count(unique_user) == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_async_writes_of_a_user_do_not_wait_for_its_hanging_model_call(
+    openai_server: OpenAIWireServer, make_settings: Callable[..., Settings],
+    embedder: LocalEmbedder, unique_user: str, anyio_backend: str,
+) -> None:
+    """AsyncMemory (the REST service's engine) gates a user's writes, but not one at a time: the
+    next add of the user lands while the first one's extraction still hangs."""
+    with Memory(_llm_settings(make_settings, openai_server), embedder=embedder) as mem:
+        async with AsyncMemory.from_memory(mem) as amem, anyio.create_task_group() as tg:
+            openai_server.script(Reply.slow(HANG))
+            tg.start_soon(amem.add, unique_user, "Ann lives in Berlin")
+            with anyio.fail_after(60):
+                while not openai_server.requests:
+                    await anyio.sleep(0.02)
+                other = await amem.add(unique_user, "Ann prefers matte screens", infer=False)
+            assert other.text == "Ann prefers matte screens"
+            assert await amem.count(unique_user) == 1  # the slow add still waits for its model
+            openai_server.reset()  # the hanging reply is cut: the add falls back to the rules
+        assert mem.count(unique_user) == 2
 
 
 def test_a_plan_made_before_the_lock_is_checked_again_under_it(
