@@ -150,5 +150,7 @@ def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert [row["memories"] for row in result["add"]["single"]] == [23, 43]
     assert result["add"]["add_many"]["floor_per_s"] > 0
     assert [row["users"] for row in result["users"]] == [5, 10]
-    assert result["crash"] == {"trials": 1, "lost_acknowledged": 0, "store_disagreements": 0}
+    crash = result["crash"]
+    assert (crash["trials"], crash["lost_acknowledged"], crash["store_disagreements"]) == (1, 0, 0)
+    assert crash["acknowledged"] >= 0  # how many writes the killed writer had confirmed
     assert "| memories | single add median ms" in done.stdout
