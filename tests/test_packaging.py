@@ -93,3 +93,32 @@ def test_the_wheel_ships_the_demo_and_runs_it_from_any_directory(tmp_path: Path)
     queries = json.loads((ROOT / "data" / "demo_queries.json").read_text(encoding="utf-8"))
     assert [a["query"] for a in answers] == [q["query"] for q in queries]
     assert all(a["hits"] for a in answers)
+
+
+#: What must never be committed: tool caches, virtual environments, benchmark output. A committed
+#: ``.mypy_cache`` once made a whole submission too big to land.
+NEVER_TRACKED = (".mypy_cache/", ".ruff_cache/", ".venv/", "__pycache__/", ".pytest_cache/",
+                 ".hypothesis/", "bench/results/", "hm-data/")
+MAX_TRACKED_BYTES = 1 << 20  # the largest file we ship, the tokenizer JSON, is 0.45 MiB
+
+
+def _never_tracked(paths: list[str]) -> list[str]:
+    return [p for p in paths if any(f"/{d}" in f"/{p}" for d in NEVER_TRACKED)]
+
+
+def test_the_cache_check_can_fail() -> None:
+    assert _never_tracked([".mypy_cache/3.11/x.json", "a/__pycache__/b.pyc", "bench/results/r.json"]) \
+        == [".mypy_cache/3.11/x.json", "a/__pycache__/b.pyc", "bench/results/r.json"]
+    assert _never_tracked(["bench/locomo.py", "hybridmem/cache.py", "docs/venv.md"]) == []
+
+
+def test_the_repository_tracks_no_caches_and_no_large_files() -> None:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (an sdist or wheel)")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    paths = [p for p in listed.stdout.decode().split("\0") if p]
+    assert paths, "git ls-files listed nothing"
+    cached = _never_tracked(paths)
+    assert cached == [], f"caches or outputs are tracked; git rm -r --cached them: {cached[:5]}"
+    large = [p for p in paths if (ROOT / p).is_file() and (ROOT / p).stat().st_size > MAX_TRACKED_BYTES]
+    assert large == [], f"files over 1 MiB are tracked (keep generated data out of git): {large}"
