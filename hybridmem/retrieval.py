@@ -24,13 +24,17 @@ from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
-__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras", "Retriever"]
+__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras",
+           "Retriever"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
 GRAPH_SEED_HITS = 5
-#: Buffered memory accesses written to the store at once.
+#: Buffered memory accesses that start a background write of the counts.
 ACCESS_FLUSH = 512
+#: Seconds without a search that the write waits for, and the longest it waits (see AccessLog).
+ACCESS_IDLE = 0.25
+ACCESS_WAIT = 10.0
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
 EXTRAS_TTL = 5.0
 #: Users whose answer is kept (the least recently asked beyond this are dropped).
@@ -171,7 +175,16 @@ class Retriever:
 
 class AccessLog:
     """Access counts of returned memories, buffered in memory and written in batches by a
-    background thread (and on close), so no search pays for a write."""
+    background thread (and on close), so no search pays for a write.
+
+    A write is due once :data:`ACCESS_FLUSH` memories have counts buffered, and then waits for a
+    pause in the searches (:data:`ACCESS_IDLE` s without one), for at most :data:`ACCESS_WAIT`
+    s. Why: a Chroma metadata update holds the collection while it runs (at 10k memories ~45 ms
+    plus ~0.8 ms per memory), and searches that came meanwhile waited for it: the slowest 5 % of
+    ``context()`` calls were exactly those. Smaller, more frequent updates spread the stall over
+    more calls and cost twice as much in all, so the write stays one batch and moves to a quiet
+    moment; under load that never pauses it still happens every :data:`ACCESS_WAIT` s.
+    :meth:`close` writes what is left at once."""
 
     def __init__(self, stores: Stores, lock_for: Callable[[str], Any]) -> None:
         self._stores = stores
@@ -179,16 +192,19 @@ class AccessLog:
         self._pending: dict[str, dict[str, tuple[int, datetime]]] = {}
         self._guard = threading.Lock()
         self._worker: threading.Thread | None = None
+        self._last = time.monotonic()  # when the last search noted its hits
+        self._hurry = threading.Event()  # set by close(): the rest is written now
 
     def note(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
-        """Count one access of each id; flush when :data:`ACCESS_FLUSH` are buffered."""
+        """Count one access of each id; a write is due when :data:`ACCESS_FLUSH` are buffered."""
         with self._guard:
+            self._last = time.monotonic()
             seen = self._pending.setdefault(user_id, {})
             for memory_id in ids:
                 count, _ = seen.get(memory_id, (0, now))
                 seen[memory_id] = (count + 1, now)
             pending = sum(len(v) for v in self._pending.values())
-            if pending >= ACCESS_FLUSH and self._worker is None:
+            if pending >= ACCESS_FLUSH and self._worker is None and not self._hurry.is_set():
                 self._worker = threading.Thread(
                     target=self._flush_in_background, name="hybridmem-access", daemon=True
                 )
@@ -196,6 +212,10 @@ class AccessLog:
 
     def _flush_in_background(self) -> None:
         try:
+            due = time.monotonic() + ACCESS_WAIT
+            while (quiet := time.monotonic() - self._last) < ACCESS_IDLE and time.monotonic() < due:
+                if self._hurry.wait(ACCESS_IDLE - quiet):
+                    return  # close() writes everything
             self.flush()
         except Exception as exc:  # counts are a hint: never let them break anything
             log.warning("writing access counts failed (%s); they are dropped", exc)
@@ -204,7 +224,8 @@ class AccessLog:
                 self._worker = None
 
     def close(self) -> None:
-        """Wait for a background write, then write what is left."""
+        """Stop waiting for a pause, then write what is left."""
+        self._hurry.set()
         with self._guard:
             worker = self._worker
         if worker is not None:
@@ -224,16 +245,19 @@ class AccessLog:
             else:
                 pending = {user_id: self._pending.pop(user_id)} if user_id in self._pending else {}
         for uid, seen in pending.items():
-            with self._lock_for(uid):
-                items = [
-                    item.model_copy(update={
-                        "access_count": item.access_count + seen[item.id][0],
-                        "last_accessed_at": seen[item.id][1],
-                    })
-                    for item in self._stores.vectors.get(uid, list(seen))
-                ]
-                if items:
-                    self._stores.vectors.update(uid, items)
+            self._write(uid, seen)
+
+    def _write(self, uid: str, seen: dict[str, tuple[int, datetime]]) -> None:
+        with self._lock_for(uid):
+            items = [
+                item.model_copy(update={
+                    "access_count": item.access_count + seen[item.id][0],
+                    "last_accessed_at": seen[item.id][1],
+                })
+                for item in self._stores.vectors.get(uid, list(seen))
+            ]
+            if items:
+                self._stores.vectors.update(uid, items)
 
 
 class Extras:

@@ -246,7 +246,7 @@ class ChromaVectorStore:
         for archive, ids in losers.items():
             if ids:
                 self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
-        records = UserRecords()
+        records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
         records.put((i, doc, meta) for i, (_, doc, meta) in found.items())
         return records
 

@@ -230,3 +230,21 @@ def test_reads_by_id_do_not_start_loading_the_record_cache(
         for loader in list(vectors._loaders.values()):  # type: ignore[attr-defined]
             loader.join()
         assert vectors._records.get("u") is not None  # type: ignore[attr-defined]
+
+
+def test_access_counts_are_written_in_a_pause_of_the_searches(
+    mem: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from hybridmem import retrieval
+
+    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.2)
+    items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
+    for _ in range(3):
+        assert mem.search("u", "Alice")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and mem.get("u", items[0].id).access_count == 0:
+        time.sleep(0.1)  # the write is due and waits for 0.2 s without a search
+    assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
