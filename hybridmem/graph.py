@@ -170,6 +170,7 @@ class NetworkXGraphStore:
     def _load(self, st: UserGraph) -> None:
         """Read the snapshot, then replay the log over it."""
         st.graph, st.snapshot_bytes, st.log_bytes = nx.DiGraph(), 0, 0
+        replayed = True  # whether the indexes must be rebuilt at the end
         if st.path is not None and st.log_path is not None:
             reading = st.path
             try:
@@ -178,15 +179,18 @@ class NetworkXGraphStore:
                     st.graph, st.snapshot_bytes = from_json_bytes(raw), len(raw)
                 st.index()
                 reading = st.log_path
-                for op in read_ops(st.log_path):
+                ops = read_ops(st.log_path)
+                for op in ops:
                     self._replay(st, op)
+                replayed = bool(ops)  # a snapshot alone is indexed once (0.45 s at 10k)
             except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON/UTF-8 errors too
                 raise CorruptStateError(
                     f"the graph file {reading} cannot be read ({exc}); restore the user from an "
                     "export, or move graph.json and graph.log away to start this graph empty"
                 ) from exc
             st.log_bytes = (stamp_of(st.log_path) or (0, 0))[1]
-        st.index()
+        if replayed:
+            st.index()
         st.stamp = st.stamps()
         log.debug("graph %s loaded: %d nodes", st.path, st.graph.number_of_nodes())
         if st.log_bytes >= FOLD_MIN_BYTES and st.log_bytes * 4 > st.snapshot_bytes:
