@@ -734,6 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per REST request costs CPU
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     except ValueError:
