@@ -157,7 +157,8 @@ def _open(
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir, max_open=max_open)
+            graph = NetworkXGraphStore(s.data_dir, max_open=max_open,
+                                       exclusive=None if dir_lock is None else dir_lock.sole)
     if history is None:
         if s.chroma_url and client is not None:  # shared by every process, like the graph
             from hybridmem._sharedhistory import ChromaHistoryLog

@@ -24,13 +24,17 @@ from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
-__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras", "Retriever"]
+__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "QUERY_CACHE", "AccessLog", "Extras",
+           "QueryBatcher", "Retriever"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
 GRAPH_SEED_HITS = 5
-#: Buffered memory accesses written to the store at once.
+#: Buffered memory accesses that start a background write of the counts.
 ACCESS_FLUSH = 512
+#: Seconds without a search that the write waits for, and the longest it waits (see AccessLog).
+ACCESS_IDLE = 0.25
+ACCESS_WAIT = 10.0
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
 EXTRAS_TTL = 5.0
 #: Users whose answer is kept (the least recently asked beyond this are dropped).
@@ -56,6 +60,46 @@ def weights_of(settings: Settings) -> Weights:
     )
 
 
+class QueryBatcher:
+    """Embeds the queries of concurrent searches in one model call.
+
+    Why: a served context() is bound by CPU, and one batch of 8 short queries costs the ONNX
+    model far less than 8 calls of one (and a remote embedder one request instead of 8). How: a
+    query joins the queue; if no call is running its caller makes one for everything queued,
+    otherwise it waits and is either answered by the running call's successor or makes the next
+    call itself. Nothing waits for company: a search alone embeds at once, as before."""
+
+    def __init__(self, embed: Embed) -> None:
+        self._embed = embed
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, Future[list[float]]]] = []
+        self._busy = False
+
+    def __call__(self, query: str) -> list[float]:
+        mine: Future[list[float]] = Future()
+        with self._cond:
+            self._queue.append((query, mine))
+            while self._busy and not mine.done():
+                self._cond.wait()
+            if mine.done():
+                return mine.result()
+            self._busy = True
+            batch, self._queue = self._queue, []
+        try:
+            vectors = self._embed([text for text, _ in batch])
+            for (_, future), vector in zip(batch, vectors, strict=True):
+                future.set_result(vector)
+        except BaseException as exc:  # each caller gets the failure (its own query's too)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return mine.result()
+
+
 class Retriever:
     """Hybrid search over one Memory's stores."""
 
@@ -64,6 +108,7 @@ class Retriever:
         self._stores = stores
         self._embed = embed
         self.weights = weights_of(settings)
+        self._batch = QueryBatcher(embed)
         self._vectors: OrderedDict[str, list[float]] = OrderedDict()  # query -> embedding (LRU)
         self._guard = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -76,7 +121,7 @@ class Retriever:
             if vector is not None:
                 self._vectors.move_to_end(query)
                 return vector
-        vector = self._embed([query])[0]
+        vector = self._batch(query)
         with self._guard:
             self._vectors[query] = vector
             while len(self._vectors) > QUERY_CACHE:
@@ -171,7 +216,16 @@ class Retriever:
 
 class AccessLog:
     """Access counts of returned memories, buffered in memory and written in batches by a
-    background thread (and on close), so no search pays for a write."""
+    background thread (and on close), so no search pays for a write.
+
+    A write is due once :data:`ACCESS_FLUSH` memories have counts buffered, and then waits for a
+    pause in the searches (:data:`ACCESS_IDLE` s without one), for at most :data:`ACCESS_WAIT`
+    s. Why: a Chroma metadata update holds the collection while it runs (at 10k memories ~45 ms
+    plus ~0.8 ms per memory), and searches that came meanwhile waited for it: the slowest 5 % of
+    ``context()`` calls were exactly those. Smaller, more frequent updates spread the stall over
+    more calls and cost twice as much in all, so the write stays one batch and moves to a quiet
+    moment; under load that never pauses it still happens every :data:`ACCESS_WAIT` s.
+    :meth:`close` writes what is left at once."""
 
     def __init__(self, stores: Stores, lock_for: Callable[[str], Any]) -> None:
         self._stores = stores
@@ -179,16 +233,19 @@ class AccessLog:
         self._pending: dict[str, dict[str, tuple[int, datetime]]] = {}
         self._guard = threading.Lock()
         self._worker: threading.Thread | None = None
+        self._last = time.monotonic()  # when the last search noted its hits
+        self._hurry = threading.Event()  # set by close(): the rest is written now
 
     def note(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
-        """Count one access of each id; flush when :data:`ACCESS_FLUSH` are buffered."""
+        """Count one access of each id; a write is due when :data:`ACCESS_FLUSH` are buffered."""
         with self._guard:
+            self._last = time.monotonic()
             seen = self._pending.setdefault(user_id, {})
             for memory_id in ids:
                 count, _ = seen.get(memory_id, (0, now))
                 seen[memory_id] = (count + 1, now)
             pending = sum(len(v) for v in self._pending.values())
-            if pending >= ACCESS_FLUSH and self._worker is None:
+            if pending >= ACCESS_FLUSH and self._worker is None and not self._hurry.is_set():
                 self._worker = threading.Thread(
                     target=self._flush_in_background, name="hybridmem-access", daemon=True
                 )
@@ -196,6 +253,10 @@ class AccessLog:
 
     def _flush_in_background(self) -> None:
         try:
+            due = time.monotonic() + ACCESS_WAIT
+            while (quiet := time.monotonic() - self._last) < ACCESS_IDLE and time.monotonic() < due:
+                if self._hurry.wait(ACCESS_IDLE - quiet):
+                    return  # close() writes everything
             self.flush()
         except Exception as exc:  # counts are a hint: never let them break anything
             log.warning("writing access counts failed (%s); they are dropped", exc)
@@ -204,7 +265,8 @@ class AccessLog:
                 self._worker = None
 
     def close(self) -> None:
-        """Wait for a background write, then write what is left."""
+        """Stop waiting for a pause, then write what is left."""
+        self._hurry.set()
         with self._guard:
             worker = self._worker
         if worker is not None:
@@ -224,16 +286,19 @@ class AccessLog:
             else:
                 pending = {user_id: self._pending.pop(user_id)} if user_id in self._pending else {}
         for uid, seen in pending.items():
-            with self._lock_for(uid):
-                items = [
-                    item.model_copy(update={
-                        "access_count": item.access_count + seen[item.id][0],
-                        "last_accessed_at": seen[item.id][1],
-                    })
-                    for item in self._stores.vectors.get(uid, list(seen))
-                ]
-                if items:
-                    self._stores.vectors.update(uid, items)
+            self._write(uid, seen)
+
+    def _write(self, uid: str, seen: dict[str, tuple[int, datetime]]) -> None:
+        with self._lock_for(uid):
+            items = [
+                item.model_copy(update={
+                    "access_count": item.access_count + seen[item.id][0],
+                    "last_accessed_at": seen[item.id][1],
+                })
+                for item in self._stores.vectors.get(uid, list(seen))
+            ]
+            if items:
+                self._stores.vectors.update(uid, items)
 
 
 class Extras:

@@ -186,12 +186,12 @@ class ChromaVectorStore:
             )
 
     # -- the record cache ------------------------------------------------------------------------
-    def _cached(self, user_id: str) -> UserRecords | None:
+    def _cached(self, user_id: str, *, load: bool = True) -> UserRecords | None:
         """The user's records in memory, or None (no cache, or not loaded yet: read Chroma).
 
-        A user's records are loaded at its second miss (a one-shot process, such as one CLI
-        search, never pays for a load), in a background thread unless ``background_load`` is
-        off; the load holds the user's lock, so writes wait for it and none is missed."""
+        Loaded at the user's second miss (reads by id, ``load=False``, are none: a one-shot CLI
+        search never pays for a load), in a background thread unless ``background_load`` is off;
+        the load holds the user's lock, so writes wait for it and none is missed."""
         if self._records is None:
             return None
         self._live()
@@ -202,7 +202,7 @@ class ChromaVectorStore:
         if records is not None or not self._background_load:
             return records if records is not None else self._load_now(user_id)
         with self._lock:
-            self._misses[user_id] = misses = self._misses.get(user_id, 0) + 1
+            self._misses[user_id] = misses = self._misses.get(user_id, 0) + load
             if misses < 2 or user_id in self._loaders:
                 return None
             loader = self._loaders[user_id] = threading.Thread(
@@ -246,7 +246,7 @@ class ChromaVectorStore:
         for archive, ids in losers.items():
             if ids:
                 self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
-        records = UserRecords()
+        records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
         records.put((i, doc, meta) for i, (_, doc, meta) in found.items())
         return records
 
@@ -375,7 +375,7 @@ class ChromaVectorStore:
 
     def _placed(self, user_id: str, ids: Sequence[str]) -> dict[str, bool]:
         """Where each stored id is (True: the archive); ids stored nowhere are left out."""
-        cached = self._cached(user_id)
+        cached = self._cached(user_id, load=False)
         if cached is not None:
             out = {}
             for i in ids:
@@ -412,7 +412,7 @@ class ChromaVectorStore:
         self._live()
         if not ids:
             return []
-        cached = self._cached(user_id)
+        cached = self._cached(user_id, load=False)
         if cached is not None:
             out = []
             for i in ids:

@@ -135,6 +135,8 @@ def test_latency_runs_on_a_small_user(tmp_path: Path) -> None:
     cold = row["cold"]  # subprocesses: Memory(), the CLI, a bare process, a real uvicorn
     assert cold["memory_init_s"] > 0 and cold["cli_search_s"] > 0 and cold["bare_process_s"] > 0
     assert cold["rest"]["clients"] == 8 and cold["rest"]["errors"] == 0
+    assert cold["rest"]["requests"] > 0 and cold["rest"]["distinct_questions"] > 100
+    assert cold["rest"]["health_floor"]["requests"] > 0  # the server's own floor beside it
     assert "| 50 |" in proc.stdout and "requests/s" in proc.stdout
 
 

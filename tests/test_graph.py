@@ -560,3 +560,44 @@ def test_a_crash_during_compaction_loses_nothing(tmp_path: Path) -> None:
     relations = NetworkXGraphStore(tmp_path).relations("u")
     # every acknowledged add survives, plus the one whose compaction died (its line was written)
     assert {r.object for r in relations} == {f"thing {i}" for i in range(acknowledged + 1)}
+
+
+def test_a_load_that_replayed_much_folds_the_log_into_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridmem._files import user_lock
+
+    monkeypatch.setattr(graph_module, "FOLD_MIN_BYTES", 1)
+    writer = NetworkXGraphStore(tmp_path)
+    for i in range(30):
+        writer.add_extraction("u", f"m{i}", ex(("alice", "bought", f"thing {i}")))
+    exported = writer.export("u")
+    snapshot = graph_file(tmp_path, "u")
+    log_file = snapshot.with_name(LOG_FILE)
+    logged = log_file.read_bytes()
+    assert not snapshot.exists() and logged.count(b"\n") == 30
+    with user_lock(tmp_path, "u"):  # a writer holds the user: the load neither waits nor writes
+        assert NetworkXGraphStore(tmp_path).export("u") == exported
+    assert not snapshot.exists() and log_file.read_bytes() == logged
+    reader = NetworkXGraphStore(tmp_path)
+    assert reader.export("u") == exported
+    assert snapshot.exists() and log_file.stat().st_size == 0  # folded: same graph, no log
+    assert NetworkXGraphStore(tmp_path).export("u") == exported
+    writer.add_extraction("u", "m-new", ex(("alice", "bought", "a Kindle")))  # writers go on
+    assert NetworkXGraphStore(tmp_path).entity("u", "kindle") is not None
+
+
+def test_graph_from_reads_node_link_in_one_checked_pass() -> None:
+    from hybridmem._graphio import graph_from
+
+    g = graph_from({"nodes": [{"id": "alice", "extra": 1}, {"id": "alice", "type": "person"}],
+                    "edges": [{"source": "alice", "target": "lyon", "predicates": ["lives_in"],
+                               "memory_ids": ["m1"]}], "graph": {"next": {"m1": "m2"}}})
+    assert g.nodes["alice"]["type"] == "person" and g.nodes["alice"]["extra"] == 1
+    assert g.nodes["lyon"]["name"] == "lyon" and g.nodes["lyon"]["memory_ids"] == set()
+    assert g.edges["alice", "lyon"]["evidence"] == {"lives_in": {"m1": 1.0}}
+    assert g.graph["next"] == {"m1": "m2"}
+    for bad in ({"nodes": [{"id": ["a"]}], "edges": []}, {"nodes": [{"id": "a"}]},
+                {"nodes": [], "edges": [{"source": "a"}]}, {"nodes": [], "edges": [], "graph": 3}):
+        with pytest.raises(ValueError):
+            graph_from(bad)

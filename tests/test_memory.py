@@ -211,3 +211,40 @@ def test_expired_memories_are_not_returned(mem: Memory) -> None:
     mem.add("u", "regular discount code WELCOME5")
     texts = [h.item.text for h in mem.search("u", "discount code", limit=5)]
     assert texts == ["regular discount code WELCOME5"]
+
+
+def test_reads_by_id_do_not_start_loading_the_record_cache(
+    settings: Settings, embedder: LocalEmbedder
+) -> None:
+    with Memory(settings, embedder=embedder) as mem:
+        ids = [i.id for i in mem.add_many("u", ["Alice bought a ROG laptop", "Bob lives in Lyon"])]
+    with Memory(settings, embedder=embedder) as mem:  # a one-shot process: one search, then close
+        assert mem.search("u", "laptop")
+        for _ in range(3):
+            assert [i.id for i in mem._stores.vectors.get("u", ids)] == ids
+        vectors = mem._stores.vectors  # white-box: the cache the read path may load
+        if vectors._records is None:  # type: ignore[attr-defined]
+            pytest.skip("a Chroma server is shared: no record cache")
+        assert not vectors._loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
+        mem.search("u", "Lyon")  # a second search is a second miss: now it loads
+        for loader in list(vectors._loaders.values()):  # type: ignore[attr-defined]
+            loader.join()
+        assert vectors._records.get("u") is not None  # type: ignore[attr-defined]
+
+
+def test_access_counts_are_written_in_a_pause_of_the_searches(
+    mem: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from hybridmem import retrieval
+
+    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.2)
+    items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
+    for _ in range(3):
+        assert mem.search("u", "Alice")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and mem.get("u", items[0].id).access_count == 0:
+        time.sleep(0.1)  # the write is due and waits for 0.2 s without a search
+    assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
