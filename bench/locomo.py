@@ -76,6 +76,7 @@ RANKING_FIELDS = (
     "graph_hops",
     "graph_seeds",
     "graph_episodic",
+    "graph_focus",
     "fusion",
 )
 
@@ -350,6 +351,8 @@ def default_configs() -> list[Config]:
         Config("vector-only", "hybridmem", {"lexical_weight": 0.0, "graph_weight": 0.0}),
         Config("lexical-only", "hybridmem", {"vector_weight": 0.0, "graph_weight": 0.0}),
         Config("no-graph", "hybridmem", {"graph_weight": 0.0}),
+        Config("no-focus", "hybridmem", {"graph_focus": 0.0},
+               note="graph without query focus (see hybridmem.graphrank)"),
         Config("decay", "hybridmem", dict(decay),
                note="real clock: every LoCoMo memory is years old, so decay is ~0 for all"),
         Config("decay-shifted", "hybridmem", dict(decay), data="shifted",

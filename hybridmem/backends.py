@@ -153,11 +153,12 @@ def _open(
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.shared import ChromaGraphStore
 
-            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url)
+            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url,
+                                     focus=s.graph_focus)
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir, max_open=max_open)
+            graph = NetworkXGraphStore(s.data_dir, max_open=max_open, focus=s.graph_focus)
     if history is None:
         if s.chroma_url and client is not None:  # shared by every process, like the graph
             from hybridmem._sharedhistory import ChromaHistoryLog

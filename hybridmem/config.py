@@ -116,6 +116,11 @@ class Settings(BaseSettings):
         description="Share of a hit's activation passed to the memories written just before and "
         "after it in one batch (0: no episodic links).",
     )
+    graph_focus: float = Field(
+        default=0.4, ge=0, le=2,
+        description="Graph signal a hit gets for naming the query's entities, even very common "
+        "ones like the person asked about (0: none); see hybridmem.graphrank.",
+    )
     min_score: float = Field(
         default=0.0, ge=0,
         description="Hits with a fused score below this are left out of search and context "

@@ -51,7 +51,7 @@ from hybridmem._graphio import (
     truncate,
 )
 from hybridmem._graphstate import LOG_FILE, UserGraph, stamp_of
-from hybridmem.graphrank import EPISODIC, activate
+from hybridmem.graphrank import EPISODIC, FOCUS, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
 from hybridmem.text import words
@@ -97,8 +97,11 @@ class NetworkXGraphStore:
         hub_degree: int = 50,
         co_mentions: bool = True,
         max_open: int = 128,
+        focus: float = FOCUS,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
+        #: Query focus of :meth:`activation` (Settings ``graph_focus``; see hybridmem.graphrank).
+        self.focus = focus
         self.max_open = max(1, max_open)
         self.autosave = autosave
         self.max_nodes = max_nodes
@@ -396,7 +399,9 @@ class NetworkXGraphStore:
             raise InvalidInputError("hops must be >= 0")
         with self._lock:
             named = self.entities_in(user_id, query)
-            return activate(self._state(user_id), seeds, named, hops=hops, episodic=episodic)
+            return activate(
+                self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus
+            )
 
     def _hub(self, st: UserGraph, key: str) -> bool:
         """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more

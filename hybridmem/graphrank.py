@@ -22,6 +22,17 @@ graph signal ``g(m)`` is the mass that reached it from *other* memories or the q
 (``hops`` steps, each further step damped by :data:`STEP_DAMPING`), so two top hits that share a
 specific entity, or a hit and the turn that answers it, lift each other. The path of the largest
 contribution is kept for ``why``.
+
+*Query focus* (``focus``, Settings ``graph_focus``): a hit, or a memory the spread reached, that
+names entities of the query gets ``focus * (query entities it names) / (query entities known)``
+more, whatever their specificity. A multi-hop question asks about one person ("what did Melanie
+paint?"), who is the speaker of hundreds of turns — a hub that specificity rightly stops from
+spreading, but still the best filter among the hits. Focus never brings a memory in by itself:
+only memories among the seeds (every candidate, with mass 0 beyond the best few) or reached by
+the spread get it.
+
+The result is ordered by signal, ties by memory id, so that a caller that keeps the first ``n``
+picks the same memories in an export/import copy of the user.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from hybridmem._graphstate import UserGraph
 
 __all__ = [
     "EPISODIC",
+    "FOCUS",
     "MAX_FANOUT",
     "QUERY_MASS",
     "STEP_DAMPING",
@@ -42,6 +54,8 @@ __all__ = [
 
 #: Share of a memory's mass that flows to its episodic neighbours (each), the rest to entities.
 EPISODIC = 0.5
+#: Graph signal a hit gets for naming every entity of the query (see "query focus" above).
+FOCUS = 0.4
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -63,9 +77,11 @@ def activate(
     hops: int = 1,
     episodic: float = EPISODIC,
     max_fanout: int = MAX_FANOUT,
+    focus: float = FOCUS,
 ) -> Reached:
     """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
-    keys of the entities the query names. ``hops=0``: only the query's entities spread."""
+    keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
+    of mass 0 do not spread but may get query focus."""
     g = st.graph
     total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
     log_n = math.log(total + 1)
@@ -131,4 +147,14 @@ def activate(
                             reached[m] = reached.get(m, 0.0) + share
         damping *= STEP_DAMPING
         frontier = [(m, x, path[m]) for m, x in reached.items()]
-    return {m: (s, hop[m], path[m]) for m, s in score.items()}
+    if focus > 0:
+        named = [k for k in dict.fromkeys(query_entities)
+                 if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
+        pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]
+        for key in named:
+            mids, name = g.nodes[key]["memory_ids"], g.nodes[key]["name"]
+            for m in pool:
+                if m in mids:
+                    give(m, focus / len(named), f"{name} (named in the query)", 0)
+    order = sorted(score, key=lambda m: (-score[m], m))
+    return {m: (score[m], hop[m], path[m]) for m in order}

@@ -40,6 +40,7 @@ from hybridmem import _chroma
 from hybridmem._files import user_key
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
+from hybridmem.graphrank import FOCUS
 from hybridmem.lexical import SqliteLexicalIndex
 from hybridmem.models import (
     Entity,
@@ -170,10 +171,10 @@ class ChromaGraphStore(_ServerCache):
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
-                 refresh_interval: float = 1.0) -> None:
+                 refresh_interval: float = 1.0, focus: float = FOCUS) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=_chroma.graph_collection_name)
-        self._cache = NetworkXGraphStore(None)
+        self._cache = NetworkXGraphStore(None, focus=focus)
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,

@@ -71,3 +71,23 @@ def test_dates_and_amounts_are_not_bridges_and_query_entities_seed(tmp_path: Pat
     assert store.activation("u", [("m1", 1.0)], "", hops=1) == {}
     found = store.activation("u", [], "How was the pottery class?", hops=0)
     assert set(found) == {"m3"} and found["m3"][1:] == (0, "pottery class (named in the query)")
+
+
+def test_query_focus_lifts_hits_naming_a_hub_and_never_brings_one_in(tmp_path: Path) -> None:
+    """Melanie and Caroline each say half the turns (hubs, never spread through), yet among the
+    hits Melanie's turns are the ones a question about her wants; a turn of hers that no retriever
+    found stays out."""
+    store = NetworkXGraphStore(tmp_path, focus=0.4)
+    for i in range(140):
+        who = "Melanie" if i % 2 else "Caroline"
+        store.add_extractions("u", [(f"t{i:02d}", ents((who, "person")))])
+    hits = [("t01", 0.0), ("t04", 0.0), ("t08", 0.0)]  # candidates beyond the best: mass 0
+    found = store.activation("u", hits, "What did Melanie paint?", hops=1, episodic=0.0)
+    assert set(found) == {"t01"}  # Caroline's turns get nothing, t03.. were not hits
+    score, hops, path = found["t01"]
+    assert score == 0.4 and hops == 0 and path == "Melanie (named in the query)"
+    both = store.activation("u", hits, "Did Melanie meet Caroline?", hops=1, episodic=0.0)
+    assert {m: s for m, (s, _h, _p) in both.items()} == {"t01": 0.2, "t04": 0.2, "t08": 0.2}
+    assert list(both) == ["t01", "t04", "t08"]  # ties in memory-id order
+    off = NetworkXGraphStore(tmp_path, focus=0.0)
+    assert off.activation("u", hits, "What did Melanie paint?", hops=1, episodic=0.0) == {}
