@@ -4,12 +4,15 @@ memories of one batch, IDF-like specificity, attributes that are never bridges, 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import networkx as nx
 
+from hybridmem import Memory, Settings
 from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore
 from hybridmem.models import Entity, Extraction
+from hybridmem.offline import LocalEmbedder
 
 
 def ents(*named: tuple[str, str]) -> Extraction:
@@ -91,3 +94,37 @@ def test_query_focus_lifts_hits_naming_a_hub_and_never_brings_one_in(tmp_path: P
     assert list(both) == ["t01", "t04", "t08"]  # ties in memory-id order
     off = NetworkXGraphStore(tmp_path, focus=0.0)
     assert off.activation("u", hits, "What did Melanie paint?", hops=1, episodic=0.0) == {}
+
+
+def test_episodes_survive_a_reopen_another_writer_and_an_import(
+    make_settings: Callable[..., Settings], embedder: LocalEmbedder, unique_user: str
+) -> None:
+    """In server mode a reopened Memory (like another process) rebuilds the graph from records:
+    each names the memory written before it, so the conversation's links come back; an import
+    keeps the export's episodes. Both Chroma modes."""
+    settings = make_settings(extractor="rules")
+    with Memory(settings, embedder=embedder) as mem:
+        items = mem.add_many(unique_user, ["Alice: I adopted a dog.", "Bob: What is its name?",
+                                           "Alice: Rex, after my grandfather."])
+        mem.add(unique_user, "Bob: Unrelated, later.")
+        bundle = json.loads(json.dumps(mem.export(unique_user)))
+    a, b, c = (i.id for i in items)
+    want = {a: b, b: c}
+    with Memory(settings, embedder=embedder) as again:
+        assert again.export(unique_user)["graph"]["graph"]["graph"]["next"] == want
+        found = again._stores.graph.activation(unique_user, [(b, 1.0)], "", hops=1)
+        assert {m for m, (_s, _h, path) in found.items() if path.startswith("said just")} == {a, c}
+        again.import_(unique_user + "-copy", bundle)
+        assert again.export(unique_user + "-copy")["graph"]["graph"]["graph"]["next"] == want
+
+
+def test_an_add_declares_its_links_and_a_reload_replays_them(tmp_path: Path) -> None:
+    """Re-extraction redoes memories of many conversations in one call: links=False chains none
+    of them; explicit pairs link exactly those; the log replays both as written."""
+    store = NetworkXGraphStore(tmp_path)
+    store.add_extractions("u", [("x", NONE), ("y", NONE), ("z", NONE)], links=False)
+    store.add_extractions("u", [("p", NONE), ("q", NONE), ("r", NONE)], links=[("r", "p")])
+    for s in (store, NetworkXGraphStore(tmp_path)):  # the second one reads the log
+        assert s.activation("u", [("y", 1.0)], "", hops=1) == {}
+        assert set(s.activation("u", [("p", 1.0)], "", hops=1)) == {"r"}
+        assert set(s.activation("u", [("q", 1.0)], "", hops=1)) == set()
