@@ -537,6 +537,25 @@ def evaluate(
     return aggregate(rows)
 
 
+def write_per_question(
+    path: Path, all_rankings: dict[str, dict[str, list[str]]], convs: list[Conversation],
+    ingested: dict[str, Ingested],
+) -> None:
+    """One JSON line per question: its key, category, evidence count and, per config, the rank
+    (1-based, None beyond the top 100) of each evidence turn. Never any LoCoMo text."""
+    with open(path, "w", encoding="utf-8") as out:
+        for conv in convs:
+            ing = ingested[conv.sample_id]
+            for i, qa in enumerate(conv.qas):
+                key = f"{conv.sample_id}/{i}"
+                wanted = [ing.memory_of_dia[d] for d in qa.evidence if d in ing.memory_of_dia]
+                ranks = {}
+                for name, rankings in all_rankings.items():
+                    pos = {m: r for r, m in enumerate(rankings[key], 1)}
+                    ranks[name] = [pos.get(m) for m in wanted]
+                out.write(json.dumps({"q": key, "category": qa.category, "ranks": ranks}) + "\n")
+
+
 def top_agreement(
     a: dict[str, list[str]], b: dict[str, list[str]], k: int = 10
 ) -> dict[str, float]:
@@ -605,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit-conversations", type=int, default=None)
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where to keep the ingested stores (default: a temporary directory)")
+    parser.add_argument("--per-question", type=Path, default=None,
+                        help="also write, per question, its category and the rank of each evidence "
+                             "turn under each config (JSON lines; ids and ranks only, no text)")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -733,6 +755,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             o = metrics["overall"]
             log.info("%-18s R@10 %.3f MRR %.3f p50 %.1f ms (%.0f s)", cfg.name, o["R@10"], o["MRR"],
                      entry["latency_ms"]["p50"], entry["seconds"])
+        if args.per_question is not None:
+            write_per_question(args.per_question, all_rankings, convs, real)
         if "hybridmem" in all_rankings:
             for entry in results:
                 entry["top10_vs_hybridmem"] = top_agreement(
