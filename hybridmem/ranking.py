@@ -5,7 +5,8 @@ Signals per candidate memory ``m``:
 - vector: rank ``r_v(m)`` among the cosine-nearest memories (and the similarity itself);
 - lexical: rank ``r_l(m)`` by SQLite FTS5 ``bm25()``;
 - graph: ``g(m)``, the activation that reached ``m`` over the memory–entity graph and the episodic
-  links from the best vector/lexical hits and the query's entities (see :mod:`hybridmem.graphrank`;
+  links from the best vector/lexical hits and the query's entities, plus query focus for hits that
+  name the query's entities (see :mod:`hybridmem.graphrank`;
   a caller that only knows hop counts ``h(m)`` gets ``g = GRAPH_DAMPING ** h``); graph candidates
   are ranked by ``g``, ``r_g(m)``;
 - recency: ``d(m) = 0.5 ** (age_days / half_life_days)``;
