@@ -330,7 +330,9 @@ class Config:
     name: str
     kind: str  # "hybridmem" or "baseline"
     overrides: dict[str, Any] = field(default_factory=dict)
-    data: str = "real"  # "real": session dates as they are; "shifted": last session = now
+    # "real": session dates as they are; "shifted": last session = now; "no-speakers": real dates,
+    # ingested with graph_speakers=False (turns not linked to their speaker)
+    data: str = "real"
     fusion: str | None = None  # None: the Settings default
     note: str = ""
 
@@ -400,6 +402,8 @@ def settings_for(cfg: Config, data_dir: Path) -> tuple[Any, str]:
     if cfg.fusion is not None:
         values["fusion"] = cfg.fusion
         how = "Settings.fusion"
+    if cfg.data == "no-speakers":
+        values["graph_speakers"] = False
     settings = Settings(data_dir=data_dir, embedder="local", extractor="rules", **values)
     return settings, how
 
@@ -620,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="config names to run (default: all); comma- or space-separated")
     parser.add_argument("--extra", action="append", default=[],
                         help="extra hybridmem config NAME:key=value,... (Settings ranking fields, "
-                             "data=real|shifted, fusion=rrf|weighted); repeatable")
+                             "data=real|shifted|no-speakers, fusion=rrf|weighted); repeatable")
     parser.add_argument("--limit-conversations", type=int, default=None)
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where to keep the ingested stores (default: a temporary directory)")
@@ -682,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir = root / name
             if data_dir.exists() and any(data_dir.iterdir()):
                 raise SystemExit(f"{data_dir} is not empty; pass an empty --work-dir")
-            base_settings, _ = settings_for(Config("ingest", "hybridmem"), data_dir)
+            base_settings, _ = settings_for(Config("ingest", "hybridmem", data=name), data_dir)
             t0 = time.perf_counter()
             with Memory(base_settings, embedder=embedder) as mem:
                 ingested[name] = {}

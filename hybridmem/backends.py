@@ -203,7 +203,7 @@ def default_extractor(settings: Settings, chat: ChatModel | None) -> Extractor |
         from hybridmem.openai_compat import LLMExtractor
 
         return LLMExtractor(chat)
-    return rule_extractor()
+    return rule_extractor(settings)
 
 
 def wants_llm_extractor(settings: Settings) -> bool:
@@ -213,11 +213,11 @@ def wants_llm_extractor(settings: Settings) -> bool:
     )
 
 
-def rule_extractor() -> Extractor:
+def rule_extractor(settings: Settings | None = None) -> Extractor:
     """The offline rule extractor (also the fallback when a model fails)."""
     from hybridmem.extract import RuleExtractor
 
-    return RuleExtractor()
+    return RuleExtractor(speakers=settings is None or settings.graph_speakers)
 
 
 def default_chat(settings: Settings) -> ChatModel:

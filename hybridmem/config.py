@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         description="Graph signal a hit gets for naming the query's entities, even very common "
         "ones like the person asked about (0: none); see hybridmem.graphrank.",
     )
+    graph_speakers: bool = Field(
+        default=True,
+        description="The rule extractor links a conversation turn (\"Name: ...\") to its speaker "
+        "and leaves out names only addressed (\"Thanks, Mel!\").",
+    )
     min_score: float = Field(
         default=0.0, ge=0,
         description="Hits with a fused score below this are left out of search and context "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybridmem import Memory, Settings
 from hybridmem.extract import RuleExtractor
 from hybridmem.models import Extraction
 from hybridmem.protocols import Extractor
@@ -258,3 +261,11 @@ def test_a_turn_names_its_speaker_and_not_the_person_it_addresses() -> None:
     assert "Jon" in names("Gina: I met Jon at the gym.")
     assert "Jon" in names("Gina: Thanks, Jon! I told Jon's sister about it.")
     assert "Melanie" in names("Caroline: Thanks, Melanie!", speakers=False)
+
+
+@pytest.mark.parametrize("speakers", [True, False])
+def test_graph_speakers_setting_reaches_the_rule_extractor(tmp_path: Path, speakers: bool) -> None:
+    cfg = Settings(data_dir=tmp_path, embedder="hash", extractor="rules", graph_speakers=speakers)
+    with Memory(cfg) as mem:
+        mem.add_many("u", [{"text": "Caroline: That sounds lovely.", "source": "Caroline"}])
+        assert ("caroline" in {e.key for e in mem.entities("u")}) is speakers
