@@ -231,6 +231,25 @@ class Ingested:
     superseded: set[str] = field(default_factory=set)  # hidden from search by hybridmem's policy
 
 
+def save_ingested(path: Path, per_conv: dict[str, Ingested]) -> None:
+    """What an ingest made, beside its stores (in the work dir, never in the repository)."""
+    path.write_text(json.dumps({
+        sid: {**dataclasses.asdict(ing), "when": {m: t.isoformat() for m, t in ing.when.items()},
+              "superseded": sorted(ing.superseded)}
+        for sid, ing in per_conv.items()
+    }), encoding="utf-8")
+
+
+def load_ingested(path: Path) -> dict[str, Ingested]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        sid: Ingested(d["memory_of_dia"], d["texts"], d["tokens"], d["order"],
+                      {m: datetime.fromisoformat(t) for m, t in d["when"].items()},
+                      set(d["superseded"]))
+        for sid, d in raw.items()
+    }
+
+
 def current_ids(mem: Any, user: str) -> set[str]:
     """Ids of the user's current memories (``Memory.list`` leaves superseded ones out)."""
     out: set[str] = set()
@@ -631,8 +650,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--per-question", type=Path, default=None,
                         help="also write, per question, its category and the rank of each evidence "
                              "turn under each config (JSON lines; ids and ranks only, no text)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --work-dir: search the stores an earlier run ingested there "
+                             "(same data and --limit-conversations) instead of ingesting again")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.reuse and args.work_dir is None:
+        parser.error("--reuse needs --work-dir")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -684,6 +708,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         now = datetime.now(timezone.utc)
         for name in datasets:
             data_dir = root / name
+            saved = root / f"{name}.ingested.json"  # ids, times, tokens: kept beside the stores
+            if args.reuse and saved.is_file():
+                ingested[name] = load_ingested(saved)
+                if set(ingested[name]) != {c.sample_id for c in convs}:
+                    raise SystemExit(f"{saved} holds other conversations; ingest again")
+                log.info("reusing the %s ingest in %s", name, data_dir)
+                continue
             if data_dir.exists() and any(data_dir.iterdir()):
                 raise SystemExit(f"{data_dir} is not empty; pass an empty --work-dir")
             base_settings, _ = settings_for(Config("ingest", "hybridmem", data=name), data_dir)
@@ -698,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ing.superseded = set(ing.texts) - current_ids(mem, conv.user)
                     ingested[name][conv.sample_id] = ing
             ingest_seconds[name] = time.perf_counter() - t0
+            if args.work_dir is not None:
+                save_ingested(saved, ingested[name])
             log.info("ingested %s data: %d turns in %.1f s", name, stats.turns,
                      ingest_seconds[name])
         real = ingested["real"]
