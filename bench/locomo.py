@@ -77,6 +77,7 @@ RANKING_FIELDS = (
     "graph_seeds",
     "graph_episodic",
     "graph_focus",
+    "graph_session",
     "fusion",
 )
 

@@ -154,11 +154,12 @@ def _open(
             from hybridmem.shared import ChromaGraphStore
 
             graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url,
-                                     focus=s.graph_focus)
+                                     focus=s.graph_focus, session=s.graph_session)
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir, max_open=max_open, focus=s.graph_focus)
+            graph = NetworkXGraphStore(s.data_dir, max_open=max_open, focus=s.graph_focus,
+                                       session=s.graph_session)
     if history is None:
         if s.chroma_url and client is not None:  # shared by every process, like the graph
             from hybridmem._sharedhistory import ChromaHistoryLog

@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         description="Graph signal a hit gets for naming the query's entities, even very common "
         "ones like the person asked about (0: none); see hybridmem.graphrank.",
     )
+    graph_session: float = Field(
+        default=1.0, ge=0, le=1,
+        description="Share of a hit's activation spread evenly over the other memories of its "
+        "conversation (up to 24 each side along the episodic links; 0: off).",
+    )
     graph_speakers: bool = Field(
         default=True,
         description="The rule extractor links a conversation turn (\"Name: ...\") to its speaker "

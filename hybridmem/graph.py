@@ -51,7 +51,7 @@ from hybridmem._graphio import (
     truncate,
 )
 from hybridmem._graphstate import LOG_FILE, Links, UserGraph, stamp_of
-from hybridmem.graphrank import EPISODIC, FOCUS, activate
+from hybridmem.graphrank import EPISODIC, FOCUS, SESSION, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
 from hybridmem.text import words
@@ -98,10 +98,13 @@ class NetworkXGraphStore:
         co_mentions: bool = True,
         max_open: int = 128,
         focus: float = FOCUS,
+        session: float = SESSION,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
         #: Query focus of :meth:`activation` (Settings ``graph_focus``; see hybridmem.graphrank).
         self.focus = focus
+        #: Share of a hit's activation spread over the rest of its conversation.
+        self.session = session
         self.max_open = max(1, max_open)
         self.autosave = autosave
         self.max_nodes = max_nodes
@@ -408,7 +411,8 @@ class NetworkXGraphStore:
         with self._lock:
             named = self.entities_in(user_id, query)
             return activate(
-                self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus
+                self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
+                session=self.session
             )
 
     def _hub(self, st: UserGraph, key: str) -> bool:

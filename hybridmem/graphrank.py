@@ -9,6 +9,10 @@ by the best one's, so the best hit has 1) and on the query's entities (mass :dat
 One step moves it:
 
 - memory ``s`` -> its episodic neighbours: ``x(s) * EPISODIC`` each;
+- memory ``s`` -> the other memories of its conversation (``session``, Settings
+  ``graph_session``; step 1 only): the up to :data:`SESSION_SPAN` memories on each side along its
+  episodic chain, beyond its two neighbours, share ``x(s) * session`` equally — a conversation
+  keeps to its topics, so a strong hit says a little about every turn around it;
 - memory ``s`` -> entity ``e`` -> memory ``m``: ``x(s) * (1 - EPISODIC) * spec(e) / n(s) / df(e)``,
   where ``n(s)`` is the number of expandable entities of ``s`` and ``df(e)`` the number of memories
   naming ``e`` (a random walk's split, so a hub passes almost nothing on);
@@ -47,6 +51,8 @@ __all__ = [
     "FOCUS",
     "MAX_FANOUT",
     "QUERY_MASS",
+    "SESSION",
+    "SESSION_SPAN",
     "STEP_DAMPING",
     "UNEXPANDED_TYPES",
     "activate",
@@ -56,6 +62,10 @@ __all__ = [
 EPISODIC = 0.5
 #: Graph signal a hit gets for naming every entity of the query (see "query focus" above).
 FOCUS = 0.4
+#: Share of a seed's mass spread over the rest of its conversation (see above).
+SESSION = 1.0
+#: Memories on each side of a seed, along its episodic chain, that the session share reaches.
+SESSION_SPAN = 24
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -78,6 +88,8 @@ def activate(
     episodic: float = EPISODIC,
     max_fanout: int = MAX_FANOUT,
     focus: float = FOCUS,
+    session: float = SESSION,
+    session_span: int = SESSION_SPAN,
 ) -> Reached:
     """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
     keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
@@ -133,6 +145,19 @@ def activate(
                     give(near, moved, f"said just {where} {label}", step)
                     if moved > 0:
                         reached[near] = reached.get(near, 0.0) + moved
+            if session > 0 and step == 1:
+                around: list[str] = []
+                for links in (st.prevs, st.nexts):
+                    cur = links.get(source)
+                    cur = links.get(cur) if cur is not None else None  # the neighbour has its share
+                    for _ in range(session_span):
+                        if cur is None or cur == source:
+                            break
+                        around.append(cur)
+                        cur = links.get(cur)
+                for m in around:
+                    give(m, damping * mass * session / len(around),
+                         f"said in the same conversation as {label}", step)
             keys = [k for k in st.mem_nodes.get(source, ()) if spec(k) > 0]
             for key in keys:
                 mids = g.nodes[key]["memory_ids"]

@@ -42,7 +42,7 @@ from hybridmem._files import user_key
 from hybridmem._graphstate import Links
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
-from hybridmem.graphrank import FOCUS
+from hybridmem.graphrank import FOCUS, SESSION
 from hybridmem.lexical import SqliteLexicalIndex
 from hybridmem.models import (
     Entity,
@@ -173,10 +173,11 @@ class ChromaGraphStore(_ServerCache):
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
-                 refresh_interval: float = 1.0, focus: float = FOCUS) -> None:
+                 refresh_interval: float = 1.0, focus: float = FOCUS,
+                 session: float = SESSION) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=_chroma.graph_collection_name)
-        self._cache = NetworkXGraphStore(None, focus=focus)
+        self._cache = NetworkXGraphStore(None, focus=focus, session=session)
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,

@@ -23,7 +23,7 @@ NONE = Extraction()
 
 
 def test_a_batch_is_an_episode_and_neighbours_are_one_step_apart(tmp_path: Path) -> None:
-    store = NetworkXGraphStore(tmp_path)
+    store = NetworkXGraphStore(tmp_path, session=0.0)  # the session share: the next test
     store.add_extractions("u", [("q", NONE), ("a", NONE), ("later", NONE)])
     store.add_extractions("u", [("other", NONE)])
     found = store.activation("u", [("q", 1.0)], "what did I say?", hops=1, episodic=0.5)
@@ -33,6 +33,22 @@ def test_a_batch_is_an_episode_and_neighbours_are_one_step_apart(tmp_path: Path)
     before = store.activation("u", [("a", 1.0)], "", hops=1)
     assert set(before) == {"q", "later"} and before["q"][2] == "said just before hit 1"
     assert store.activation("u", [("a", 1.0)], "", hops=1, episodic=0.0) == {}
+
+
+def test_a_hit_lends_a_little_to_the_rest_of_its_conversation(tmp_path: Path) -> None:
+    store = NetworkXGraphStore(tmp_path, session=0.6)
+    turns = [f"t{i:02d}" for i in range(40)]
+    store.add_extractions("u", [(t, NONE) for t in turns])
+    store.add_extractions("u", [("other", NONE)])  # another conversation: nothing
+    found = store.activation("u", [("t10", 1.0)], "", hops=1, episodic=0.5)
+    near = {"t09", "t11"}
+    around = set(turns[:9]) | set(turns[12:36])  # 9 before (all there are), 24 after
+    assert set(found) == near | around
+    assert all(found[m][0] == 0.5 for m in near)  # the neighbours: their episodic share only
+    assert {found[m][0] for m in around} == {0.6 / len(around)}
+    assert found["t12"][2] == "said in the same conversation as hit 1"
+    assert set(NetworkXGraphStore(tmp_path, session=0.0).activation(
+        "u", [("t10", 1.0)], "", hops=1)) == near
 
 
 def test_episodic_links_survive_reload_and_forgetting_splices_them(tmp_path: Path) -> None:
