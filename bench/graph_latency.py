@@ -4,7 +4,9 @@
 Builds one in-memory user graph from bench/latency.py's synthetic sentences (rule extractor,
 batches of 20 as episodes), then times what ``Retriever.search`` asks of the graph: one
 ``activation`` from 10 seed memories (the best hits; here memories that mention an entity of the
-query, else random ones, masses 1 ... 0.1) and the query's own entities. Beside it, the previous
+query, else random ones, masses 1 ... 0.1), the rest of the candidates (:data:`CANDIDATES` in
+all, mass 0: query focus may lift them, as ``ranking.graph_seeds`` passes every candidate) and
+the query's own entities. Beside it, the previous
 graph step (``entities_in`` + ``neighbourhood`` of the query and of the seeds' entities), so the
 two can be compared in the same run. Prints a table; writes JSON to bench/results/.
 
@@ -31,6 +33,8 @@ from latency import World  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results" / "graph_latency.json"
 SEEDS = 10
+#: Candidates a search hands the graph (vector top 50 and lexical top 50, about half shared).
+CANDIDATES = 80
 BATCH = 20
 
 
@@ -67,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             near = list(store.neighbourhood(user, named, hops=0)) if named else []
             pool = near[:SEEDS] + rng.sample(ids, SEEDS)
             seeds = [(m, 1.0 - 0.09 * i) for i, m in enumerate(dict.fromkeys(pool[:SEEDS]))]
+            chosen = {m for m, _ in seeds}
+            seeds += [(m, 0.0) for m in rng.sample(ids, CANDIDATES) if m not in chosen]
             t0 = time.perf_counter()
             store.activation(user, seeds, q, hops=1)
             new_ms.append((time.perf_counter() - t0) * 1000)
@@ -74,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             found = store.entities_in(user, q)
             if found:
                 store.neighbourhood(user, found, hops=1)
-            ents = store.entities_of(user, [m for m, _ in seeds[:5]])
+            ents = store.entities_of(user, [m for m, _ in seeds[:5]])  # the best five
             if ents:
                 store.neighbourhood(user, ents, hops=0)
             old_ms.append((time.perf_counter() - t0) * 1000)

@@ -76,6 +76,8 @@ RANKING_FIELDS = (
     "graph_hops",
     "graph_seeds",
     "graph_episodic",
+    "graph_focus",
+    "graph_session",
     "fusion",
 )
 
@@ -230,6 +232,25 @@ class Ingested:
     superseded: set[str] = field(default_factory=set)  # hidden from search by hybridmem's policy
 
 
+def save_ingested(path: Path, per_conv: dict[str, Ingested]) -> None:
+    """What an ingest made, beside its stores (in the work dir, never in the repository)."""
+    path.write_text(json.dumps({
+        sid: {**dataclasses.asdict(ing), "when": {m: t.isoformat() for m, t in ing.when.items()},
+              "superseded": sorted(ing.superseded)}
+        for sid, ing in per_conv.items()
+    }), encoding="utf-8")
+
+
+def load_ingested(path: Path) -> dict[str, Ingested]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        sid: Ingested(d["memory_of_dia"], d["texts"], d["tokens"], d["order"],
+                      {m: datetime.fromisoformat(t) for m, t in d["when"].items()},
+                      set(d["superseded"]))
+        for sid, d in raw.items()
+    }
+
+
 def current_ids(mem: Any, user: str) -> set[str]:
     """Ids of the user's current memories (``Memory.list`` leaves superseded ones out)."""
     out: set[str] = set()
@@ -329,7 +350,9 @@ class Config:
     name: str
     kind: str  # "hybridmem" or "baseline"
     overrides: dict[str, Any] = field(default_factory=dict)
-    data: str = "real"  # "real": session dates as they are; "shifted": last session = now
+    # "real": session dates as they are; "shifted": last session = now; "no-speakers": real dates,
+    # ingested with graph_speakers=False (turns not linked to their speaker)
+    data: str = "real"
     fusion: str | None = None  # None: the Settings default
     note: str = ""
 
@@ -350,6 +373,8 @@ def default_configs() -> list[Config]:
         Config("vector-only", "hybridmem", {"lexical_weight": 0.0, "graph_weight": 0.0}),
         Config("lexical-only", "hybridmem", {"vector_weight": 0.0, "graph_weight": 0.0}),
         Config("no-graph", "hybridmem", {"graph_weight": 0.0}),
+        Config("no-focus", "hybridmem", {"graph_focus": 0.0},
+               note="graph without query focus (see hybridmem.graphrank)"),
         Config("decay", "hybridmem", dict(decay),
                note="real clock: every LoCoMo memory is years old, so decay is ~0 for all"),
         Config("decay-shifted", "hybridmem", dict(decay), data="shifted",
@@ -397,6 +422,8 @@ def settings_for(cfg: Config, data_dir: Path) -> tuple[Any, str]:
     if cfg.fusion is not None:
         values["fusion"] = cfg.fusion
         how = "Settings.fusion"
+    if cfg.data == "no-speakers":
+        values["graph_speakers"] = False
     settings = Settings(data_dir=data_dir, embedder="local", extractor="rules", **values)
     return settings, how
 
@@ -534,6 +561,25 @@ def evaluate(
     return aggregate(rows)
 
 
+def write_per_question(
+    path: Path, all_rankings: dict[str, dict[str, list[str]]], convs: list[Conversation],
+    ingested: dict[str, Ingested],
+) -> None:
+    """One JSON line per question: its key, category, evidence count and, per config, the rank
+    (1-based, None beyond the top 100) of each evidence turn. Never any LoCoMo text."""
+    with open(path, "w", encoding="utf-8") as out:
+        for conv in convs:
+            ing = ingested[conv.sample_id]
+            for i, qa in enumerate(conv.qas):
+                key = f"{conv.sample_id}/{i}"
+                wanted = [ing.memory_of_dia[d] for d in qa.evidence if d in ing.memory_of_dia]
+                ranks = {}
+                for name, rankings in all_rankings.items():
+                    pos = {m: r for r, m in enumerate(rankings[key], 1)}
+                    ranks[name] = [pos.get(m) for m in wanted]
+                out.write(json.dumps({"q": key, "category": qa.category, "ranks": ranks}) + "\n")
+
+
 def top_agreement(
     a: dict[str, list[str]], b: dict[str, list[str]], k: int = 10
 ) -> dict[str, float]:
@@ -598,12 +644,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="config names to run (default: all); comma- or space-separated")
     parser.add_argument("--extra", action="append", default=[],
                         help="extra hybridmem config NAME:key=value,... (Settings ranking fields, "
-                             "data=real|shifted, fusion=rrf|weighted); repeatable")
+                             "data=real|shifted|no-speakers, fusion=rrf|weighted); repeatable")
     parser.add_argument("--limit-conversations", type=int, default=None)
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where to keep the ingested stores (default: a temporary directory)")
+    parser.add_argument("--per-question", type=Path, default=None,
+                        help="also write, per question, its category and the rank of each evidence "
+                             "turn under each config (JSON lines; ids and ranks only, no text)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --work-dir: search the stores an earlier run ingested there "
+                             "(same data and --limit-conversations) instead of ingesting again")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.reuse and args.work_dir is None:
+        parser.error("--reuse needs --work-dir")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -655,9 +709,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         now = datetime.now(timezone.utc)
         for name in datasets:
             data_dir = root / name
+            saved = root / f"{name}.ingested.json"  # ids, times, tokens: kept beside the stores
+            if args.reuse and saved.is_file():
+                ingested[name] = load_ingested(saved)
+                if set(ingested[name]) != {c.sample_id for c in convs}:
+                    raise SystemExit(f"{saved} holds other conversations; ingest again")
+                log.info("reusing the %s ingest in %s", name, data_dir)
+                continue
             if data_dir.exists() and any(data_dir.iterdir()):
                 raise SystemExit(f"{data_dir} is not empty; pass an empty --work-dir")
-            base_settings, _ = settings_for(Config("ingest", "hybridmem"), data_dir)
+            base_settings, _ = settings_for(Config("ingest", "hybridmem", data=name), data_dir)
             t0 = time.perf_counter()
             with Memory(base_settings, embedder=embedder) as mem:
                 ingested[name] = {}
@@ -669,6 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ing.superseded = set(ing.texts) - current_ids(mem, conv.user)
                     ingested[name][conv.sample_id] = ing
             ingest_seconds[name] = time.perf_counter() - t0
+            if args.work_dir is not None:
+                save_ingested(saved, ingested[name])
             log.info("ingested %s data: %d turns in %.1f s", name, stats.turns,
                      ingest_seconds[name])
         real = ingested["real"]
@@ -730,6 +793,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             o = metrics["overall"]
             log.info("%-18s R@10 %.3f MRR %.3f p50 %.1f ms (%.0f s)", cfg.name, o["R@10"], o["MRR"],
                      entry["latency_ms"]["p50"], entry["seconds"])
+        if args.per_question is not None:
+            write_per_question(args.per_question, all_rankings, convs, real)
         if "hybridmem" in all_rankings:
             for entry in results:
                 entry["top10_vs_hybridmem"] = top_agreement(

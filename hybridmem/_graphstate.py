@@ -36,6 +36,10 @@ def stamp_of(path: Path | None) -> Stamp:
     return (info.st_mtime_ns, info.st_size)
 
 
+#: Episodic links an add declares: True (the batch is one episode), False, or (before, after) pairs.
+Links = bool | Sequence[tuple[str, str]]
+
+
 @dataclass
 class UserGraph:
     """One user's graph and the indexes derived from it (rebuilt on load, never saved)."""
@@ -98,9 +102,16 @@ class UserGraph:
         return min(found) if found else None
 
 
-    def add(self, items: Sequence[tuple[str, Extraction]], seen: datetime) -> None:
-        """Apply extractions to the in-memory graph and its indexes (idempotent)."""
-        self._link([m for m, _ in items])
+    def add(self, items: Sequence[tuple[str, Extraction]], seen: datetime,
+            links: Links = True) -> None:
+        """Apply extractions to the in-memory graph and its indexes (idempotent). ``links``:
+        True chains the items as one episode, False links none, (before, after) pairs link
+        exactly those."""
+        if links is True:
+            self._link([m for m, _ in items])
+        elif links is not False:
+            for before, after in links:
+                self._link([before, after])
         for memory_id, extraction in items:
             names = [e.name for e in extraction.entities]
             names += [n for r in extraction.relations for n in (r.subject, r.object)]

@@ -153,11 +153,13 @@ def _open(
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.shared import ChromaGraphStore
 
-            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url)
+            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url,
+                                     focus=s.graph_focus, session=s.graph_session)
         else:
             from hybridmem.graph import NetworkXGraphStore
 
-            graph = NetworkXGraphStore(s.data_dir, max_open=max_open,
+            graph = NetworkXGraphStore(s.data_dir, max_open=max_open, focus=s.graph_focus,
+                                       session=s.graph_session,
                                        exclusive=None if dir_lock is None else dir_lock.sole)
     if history is None:
         if s.chroma_url and client is not None:  # shared by every process, like the graph
@@ -203,7 +205,7 @@ def default_extractor(settings: Settings, chat: ChatModel | None) -> Extractor |
         from hybridmem.openai_compat import LLMExtractor
 
         return LLMExtractor(chat)
-    return rule_extractor()
+    return rule_extractor(settings)
 
 
 def wants_llm_extractor(settings: Settings) -> bool:
@@ -213,11 +215,11 @@ def wants_llm_extractor(settings: Settings) -> bool:
     )
 
 
-def rule_extractor() -> Extractor:
+def rule_extractor(settings: Settings | None = None) -> Extractor:
     """The offline rule extractor (also the fallback when a model fails)."""
     from hybridmem.extract import RuleExtractor
 
-    return RuleExtractor()
+    return RuleExtractor(speakers=settings is None or settings.graph_speakers)
 
 
 def default_chat(settings: Settings) -> ChatModel:

@@ -116,6 +116,21 @@ class Settings(BaseSettings):
         description="Share of a hit's activation passed to the memories written just before and "
         "after it in one batch (0: no episodic links).",
     )
+    graph_focus: float = Field(
+        default=0.4, ge=0, le=2,
+        description="Graph signal a hit gets for naming the query's entities, even very common "
+        "ones like the person asked about (0: none); see hybridmem.graphrank.",
+    )
+    graph_session: float = Field(
+        default=1.0, ge=0, le=1,
+        description="Share of a hit's activation spread evenly over the other memories of its "
+        "conversation (up to 24 each side along the episodic links; 0: off).",
+    )
+    graph_speakers: bool = Field(
+        default=True,
+        description="The rule extractor links a conversation turn (\"Name: ...\") to its speaker "
+        "and leaves out names only addressed (\"Thanks, Mel!\").",
+    )
     min_score: float = Field(
         default=0.0, ge=0,
         description="Hits with a fused score below this are left out of search and context "

@@ -126,6 +126,16 @@ _NOT_SPEAKERS = _words(
     "example step tldr"
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# A name that is only the person spoken to ("Thanks, Mel!", "Hey Jon, ..."), an English vocative:
+# after an opening greeting, or after a comma at the end of the sentence.
+_GREETING = re.compile(
+    r"^\W*(?:(?:hi|hey|hello|hiya|yo|dear|thanks|thank\s+you|thx|bye|goodbye|congrats|"
+    r"congratulations|cheers|welcome|wow|whoa|oh|ah|aw+|yes|yeah|yep|no|nope|sure|sorry|ok|okay|"
+    r"great|awesome|haha|lol|good\s+(?:morning|afternoon|evening|night|luck|job))\b"
+    r"(?:\s+(?:so\s+much|a\s+lot|again|too))?[\s,!.]*)+$",
+    re.I,
+)
+_CLOSES = re.compile(r"^[\s!?.,]*$")
 _TOKEN = re.compile(r"[^\W_][\w'’&+.-]*[\w+]|[^\W_]")
 _CUT = re.compile(
     r"[,;:!?()\"$€£]|\.(?:\s|$)|\s(?:and|but|because|for|since|so|which|who|that|when|while|with|"
@@ -407,23 +417,29 @@ class RuleExtractor:
 
     ``speaker`` is the subject of first-person statements ("I bought X" -> speaker -bought-> X);
     without one, a leading ``"Name: "`` (a conversation turn) names the speaker, else ``"user"``.
+    A turn's named speaker is an entity of it (``speakers``), so what a person said links to them
+    even when no relation mentions them; a name that is only the person addressed ("Thanks, Mel!")
+    is not an entity of the turn: it says who listened, not what the turn is about.
     """
 
     name = "rules"
 
-    def __init__(self, *, concepts: bool = True) -> None:
+    def __init__(self, *, concepts: bool = True, speakers: bool = True) -> None:
         #: Also emit topic phrases ("pottery class") as ``concept`` entities (see :func:`concepts`).
         self.concepts = concepts
+        #: Link a turn to its "Name: " speaker, and drop names only addressed (see above).
+        self.speakers = speakers
 
     def extract(self, text: str, *, speaker: str | None = None) -> Extraction:
         """Entities (with types) and relations found in ``text``; never raises on odd input."""
         m = _SPEAKER.match(text)
+        turn_of: str | None = None
         if (
             m
             and m.group(1).lower() not in _NOT_SPEAKERS
             and (speaker is None or entity_key(speaker) == entity_key(m.group(1)))
         ):
-            speaker, text = m.group(1), m.group(2)
+            speaker, text, turn_of = m.group(1), m.group(2), m.group(1)
         elif m and m.group(1).lower() in _JUNK:
             text = m.group(2)  # "Agent: ..." said by the assistant: the label is a role, not a name
         elif speaker and text.casefold().startswith(speaker.casefold() + ":"):
@@ -433,6 +449,8 @@ class RuleExtractor:
         relations: dict[tuple[str, str, str], Relation] = {}
         endpoints: set[str] = set()
         last_product: str | None = None  # what "it" most likely means in the next sentence
+        addressed: set[str] = set()  # keys only ever used as a vocative
+        mentioned: set[str] = set()  # keys used otherwise at least once
 
         def entity(name: str, type_: str, force: bool = False) -> None:
             key = entity_key(name)
@@ -456,6 +474,13 @@ class RuleExtractor:
             spans = _spans(sentence, masks)
             for s in masks + spans:
                 entity(s.text, s.type, False)
+                if self.speakers and s.type in {"person", "thing"}:
+                    before, after = sentence[: s.start], sentence[s.end :]
+                    vocative = _CLOSES.match(after[:1] or " ") is not None and (
+                        (_GREETING.match(before) is not None and before.strip() != "")
+                        or (before.rstrip().endswith(",") and _CLOSES.match(after) is not None)
+                    )
+                    (addressed if vocative else mentioned).add(entity_key(s.text))
             if self.concepts:
                 for phrase in concepts(sentence, _STARTERS):
                     if entity_key(phrase) not in entities:
@@ -468,6 +493,11 @@ class RuleExtractor:
         # noise. This asks whether the words are *written* inside another name, not whether two
         # names are one entity, so it reads the surface forms: "Alice" is not a piece of
         # "Alice's laptop", although the key of the latter is "alice laptop".
+        for key in addressed - mentioned - endpoints:
+            entities.pop(key, None)
+        if turn_of is not None and self.speakers:
+            entity(turn_of, "person", True)
+            endpoints.add(entity_key(turn_of))
         surface = {k: e.name.lower() for k, e in entities.items()}
         kept = [
             e

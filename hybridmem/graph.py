@@ -53,8 +53,8 @@ from hybridmem._graphio import (
     to_json_bytes,
     truncate,
 )
-from hybridmem._graphstate import LOG_FILE, UserGraph, stamp_of
-from hybridmem.graphrank import EPISODIC, activate
+from hybridmem._graphstate import LOG_FILE, Links, UserGraph, stamp_of
+from hybridmem.graphrank import EPISODIC, FOCUS, SESSION, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
 from hybridmem.text import words
@@ -104,8 +104,14 @@ class NetworkXGraphStore:
         co_mentions: bool = True,
         max_open: int = 128,
         exclusive: Callable[[], bool] | None = None,
+        focus: float = FOCUS,
+        session: float = SESSION,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
+        #: Query focus of :meth:`activation` (Settings ``graph_focus``; see hybridmem.graphrank).
+        self.focus = focus
+        #: Share of a hit's activation spread over the rest of its conversation.
+        self.session = session
         self.max_open = max(1, max_open)
         self.autosave = autosave
         self.max_nodes = max_nodes
@@ -224,7 +230,9 @@ class NetworkXGraphStore:
     def _replay(self, st: UserGraph, op: Mapping[str, Any]) -> None:
         if op["op"] == "add":
             items = [(str(m), Extraction.model_validate(e)) for m, e in op["items"]]
-            st.add(items, as_utc(datetime.fromisoformat(op["at"])))
+            links = op.get("links", True)
+            pairs = links if isinstance(links, bool) else [(str(a), str(b)) for a, b in links]
+            st.add(items, as_utc(datetime.fromisoformat(op["at"])), pairs)
         else:
             st.remove([str(m) for m in op["ids"]])
 
@@ -274,18 +282,24 @@ class NetworkXGraphStore:
         self.add_extractions(user_id, [(memory_id, extraction)], at=at)
 
     def add_extractions(
-        self, user_id: str, items: Sequence[tuple[str, Extraction]], *, at: datetime | None = None
+        self, user_id: str, items: Sequence[tuple[str, Extraction]], *, at: datetime | None = None,
+        links: Links = True,
     ) -> None:
-        """Add many memories' extractions and save once. Re-adding a memory is idempotent."""
+        """Add many memories' extractions and save once. Re-adding a memory is idempotent.
+        ``links``: True (the items are one conversation, linked in order), False (none: e.g.
+        re-extraction, which redoes memories of many conversations) or (before, after) pairs."""
         if not items:
             return
         seen = as_utc(at or utcnow())
         with self._lock, self._file_lock(user_id):
             st = self._state(user_id)
-            st.add(items, seen)
-            self._record(user_id, st, {"op": "add", "at": seen.isoformat(), "items": [
+            st.add(items, seen, links)
+            op: dict[str, Any] = {"op": "add", "at": seen.isoformat(), "items": [
                 [m, e.model_dump(mode="json", exclude={"usage"})] for m, e in items
-            ]})
+            ]}
+            if links is not True:
+                op["links"] = links if links is False else [list(pair) for pair in links]
+            self._record(user_id, st, op)
 
     def remove_memory(
         self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
@@ -439,7 +453,10 @@ class NetworkXGraphStore:
             raise InvalidInputError("hops must be >= 0")
         with self._lock:
             named = self.entities_in(user_id, query)
-            return activate(self._state(user_id), seeds, named, hops=hops, episodic=episodic)
+            return activate(
+                self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
+                session=self.session
+            )
 
     def _hub(self, st: UserGraph, key: str) -> bool:
         """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more

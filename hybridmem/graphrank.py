@@ -9,6 +9,10 @@ by the best one's, so the best hit has 1) and on the query's entities (mass :dat
 One step moves it:
 
 - memory ``s`` -> its episodic neighbours: ``x(s) * EPISODIC`` each;
+- memory ``s`` -> the other memories of its conversation (``session``, Settings
+  ``graph_session``; step 1 only): the up to :data:`SESSION_SPAN` memories on each side along its
+  episodic chain, beyond its two neighbours, share ``x(s) * session`` equally — a conversation
+  keeps to its topics, so a strong hit says a little about every turn around it;
 - memory ``s`` -> entity ``e`` -> memory ``m``: ``x(s) * (1 - EPISODIC) * spec(e) / n(s) / df(e)``,
   where ``n(s)`` is the number of expandable entities of ``s`` and ``df(e)`` the number of memories
   naming ``e`` (a random walk's split, so a hub passes almost nothing on);
@@ -22,6 +26,17 @@ graph signal ``g(m)`` is the mass that reached it from *other* memories or the q
 (``hops`` steps, each further step damped by :data:`STEP_DAMPING`), so two top hits that share a
 specific entity, or a hit and the turn that answers it, lift each other. The path of the largest
 contribution is kept for ``why``.
+
+*Query focus* (``focus``, Settings ``graph_focus``): a hit, or a memory the spread reached, that
+names entities of the query gets ``focus * (query entities it names) / (query entities known)``
+more, whatever their specificity. A multi-hop question asks about one person ("what did Melanie
+paint?"), who is the speaker of hundreds of turns — a hub that specificity rightly stops from
+spreading, but still the best filter among the hits. Focus never brings a memory in by itself:
+only memories among the seeds (every candidate, with mass 0 beyond the best few) or reached by
+the spread get it.
+
+The result is ordered by signal, ties by memory id, so that a caller that keeps the first ``n``
+picks the same memories in an export/import copy of the user.
 """
 
 from __future__ import annotations
@@ -33,8 +48,11 @@ from hybridmem._graphstate import UserGraph
 
 __all__ = [
     "EPISODIC",
+    "FOCUS",
     "MAX_FANOUT",
     "QUERY_MASS",
+    "SESSION",
+    "SESSION_SPAN",
     "STEP_DAMPING",
     "UNEXPANDED_TYPES",
     "activate",
@@ -42,6 +60,12 @@ __all__ = [
 
 #: Share of a memory's mass that flows to its episodic neighbours (each), the rest to entities.
 EPISODIC = 0.5
+#: Graph signal a hit gets for naming every entity of the query (see "query focus" above).
+FOCUS = 0.4
+#: Share of a seed's mass spread over the rest of its conversation (see above).
+SESSION = 1.0
+#: Memories on each side of a seed, along its episodic chain, that the session share reaches.
+SESSION_SPAN = 24
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -63,9 +87,13 @@ def activate(
     hops: int = 1,
     episodic: float = EPISODIC,
     max_fanout: int = MAX_FANOUT,
+    focus: float = FOCUS,
+    session: float = SESSION,
+    session_span: int = SESSION_SPAN,
 ) -> Reached:
     """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
-    keys of the entities the query names. ``hops=0``: only the query's entities spread."""
+    keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
+    of mass 0 do not spread but may get query focus."""
     g = st.graph
     total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
     log_n = math.log(total + 1)
@@ -117,6 +145,19 @@ def activate(
                     give(near, moved, f"said just {where} {label}", step)
                     if moved > 0:
                         reached[near] = reached.get(near, 0.0) + moved
+            if session > 0 and step == 1:
+                around: list[str] = []
+                for links in (st.prevs, st.nexts):
+                    cur = links.get(source)
+                    cur = links.get(cur) if cur is not None else None  # the neighbour has its share
+                    for _ in range(session_span):
+                        if cur is None or cur == source:
+                            break
+                        around.append(cur)
+                        cur = links.get(cur)
+                for m in around:
+                    give(m, damping * mass * session / len(around),
+                         f"said in the same conversation as {label}", step)
             keys = [k for k in st.mem_nodes.get(source, ()) if spec(k) > 0]
             for key in keys:
                 mids = g.nodes[key]["memory_ids"]
@@ -131,4 +172,14 @@ def activate(
                             reached[m] = reached.get(m, 0.0) + share
         damping *= STEP_DAMPING
         frontier = [(m, x, path[m]) for m, x in reached.items()]
-    return {m: (s, hop[m], path[m]) for m, s in score.items()}
+    if focus > 0:
+        named = [k for k in dict.fromkeys(query_entities)
+                 if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
+        pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]
+        for key in named:
+            mids, name = g.nodes[key]["memory_ids"], g.nodes[key]["name"]
+            for m in pool:
+                if m in mids:
+                    give(m, focus / len(named), f"{name} (named in the query)", 0)
+    order = sorted(score, key=lambda m: (-score[m], m))
+    return {m: (score[m], hop[m], path[m]) for m in order}

@@ -229,8 +229,13 @@ class LexicalIndex(Protocol):
 class GraphStore(Protocol):
     """One directed entity graph per user; edges remember the memory ids that support them."""
 
-    def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]]) -> None:
-        """Add memories' entities and relations (re-adding a memory is idempotent)."""
+    def add_extractions(
+        self, user_id: str, items: Sequence[tuple[str, Extraction]], *,
+        links: bool | Sequence[tuple[str, str]] = True,
+    ) -> None:
+        """Add memories' entities and relations (re-adding a memory is idempotent). ``links``:
+        the episodic links the add declares — True: the items are one conversation, linked in
+        order; False: none (re-extraction); or (before, after) pairs."""
         ...
 
     def remove_memory(

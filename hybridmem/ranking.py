@@ -5,7 +5,8 @@ Signals per candidate memory ``m``:
 - vector: rank ``r_v(m)`` among the cosine-nearest memories (and the similarity itself);
 - lexical: rank ``r_l(m)`` by SQLite FTS5 ``bm25()``;
 - graph: ``g(m)``, the activation that reached ``m`` over the memory–entity graph and the episodic
-  links from the best vector/lexical hits and the query's entities (see :mod:`hybridmem.graphrank`;
+  links from the best vector/lexical hits and the query's entities, plus query focus for hits that
+  name the query's entities (see :mod:`hybridmem.graphrank`;
   a caller that only knows hop counts ``h(m)`` gets ``g = GRAPH_DAMPING ** h``); graph candidates
   are ranked by ``g``, ``r_g(m)``;
 - recency: ``d(m) = 0.5 ** (age_days / half_life_days)``;
@@ -116,8 +117,9 @@ def _base(c: Candidate, w: Weights, max_lexical: float, *, graph: bool = True) -
 
 
 def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[tuple[str, float]]:
-    """The ``n`` best candidates before the graph step, each with its mass: where graph
-    activation starts.
+    """Every candidate with its seed mass, best first: the ``n`` best before the graph step carry
+    mass (where graph activation starts), the others 0 (they do not spread, but query focus may
+    still lift them; see :mod:`hybridmem.graphrank`). Ties go in memory-id order.
 
     Weighted fusion: the mass is the score divided by ``max(best score, 1)`` — 1 being a perfect
     match of one signal — so the graph never lends a neighbour more than its seed had: when even
@@ -127,15 +129,18 @@ def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[t
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
     scored = sorted(
         ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
-        key=lambda pair: pair[1], reverse=True,
-    )[:n]
+        key=lambda pair: (-pair[1], pair[0]),
+    )
     top = scored[0][1] if scored else 0.0
+    if top <= 0:
+        return [(m, 0.0) for m, _s in scored]
     unit = max(top, 1.0) if weights.fusion == "weighted" else top
-    return [(m, s / unit) for m, s in scored if s > 0] if top > 0 else []
+    return [(m, s / unit if i < n and s > 0 else 0.0) for i, (m, s) in enumerate(scored)]
 
 
 def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:
-    """Score and sort candidates, best first (ties keep the input order)."""
+    """Score and sort candidates, best first; ties in memory-id order, so that a copy of a user
+    (export, import) ranks exactly as the original, whatever order its stores list memories in."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
     recency_w = min(max(weights.recency, 0.0), 1.0)
     scored = []
@@ -161,7 +166,7 @@ def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate,
             fused=score,
         )
         scored.append((c, breakdown))
-    scored.sort(key=lambda pair: pair[1].fused, reverse=True)
+    scored.sort(key=lambda pair: (-pair[1].fused, pair[0].memory_id))
     return scored
 
 

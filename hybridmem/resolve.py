@@ -20,6 +20,14 @@ A name merges into an existing node only when exactly one node qualifies (two De
 "Dell monitor" alone), and only across compatible types (products, organisations and untyped
 things, topic concepts; people and places only with products, else exact keys: "Sam" is not
 "Sam Smith" in general).
+
+*Fuzzy words* (rapidfuzz), for misspelt names: when two names already share a word (the anchor),
+a word of one that is not in the other may stand for a word of the other when both are ordinary
+words of 5+ letters at ``fuzz.ratio >= FUZZY_RATIO`` ("Logitec" / "Logitech", "Ergotorn" /
+"Ergotron"), or when it is the tail of the other's model code after a digit or hyphen ("Sony
+XM5s" is "Sony WH-1000XM5"). Model codes are never matched by edit distance: "XM4" is never
+"XM5". Topic concepts are left out of fuzzy matching, since "pottery class" and "poetry class"
+are as close by edit distance as a typo is.
 Pure functions over a word index the graph keeps; no I/O.
 """
 
@@ -28,8 +36,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+from rapidfuzz import fuzz
+
 __all__ = [
-    "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible", "is_form_of", "resolve_by_tokens"
+    "FUZZY_RATIO", "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible", "is_form_of", "resolve_by_tokens"
 ]
 
 #: Entity types whose names may be matched by containment (a product also takes a name the rules
@@ -42,6 +52,12 @@ VARIANTS = frozenset(
     "studio slim go classic 2 3 4 5".split()
 )
 
+
+#: Least ``rapidfuzz.fuzz.ratio`` (0-100) at which two ordinary words are one misspelt word.
+FUZZY_RATIO = 85.0
+#: Shortest ordinary word matched by edit distance (shorter ones differ by one letter: "cable"
+#: and "table" are 5, and need the anchor too).
+FUZZY_MIN_LETTERS = 5
 
 #: Counts that open a name without being part of it ("three Dell P2425H monitors").
 COUNTS = frozenset("two three four five six seven eight nine ten several multiple".split())
@@ -79,9 +95,37 @@ def better_name(new: str, old: str) -> bool:
     return len(new.split()) > len(old.split()) and first not in COUNTS
 
 
-def is_form_of(short: tuple[str, ...], long: tuple[str, ...]) -> bool:
+def _alike(word: str, other: str) -> bool:
+    """A misspelling or an abbreviated model code of ``other`` (see the module docstring)."""
+    if _code(word) or _code(other):
+        tail = _singular(word)
+        return (
+            _code(tail) and _code(other) and tail[0].isalpha() and len(other) > len(tail)
+            and other.endswith(tail) and not other[-len(tail) - 1].isalpha()
+        )
+    return (
+        len(word) >= FUZZY_MIN_LETTERS and len(other) >= FUZZY_MIN_LETTERS
+        and word.isalpha() and other.isalpha() and fuzz.ratio(word, other) >= FUZZY_RATIO
+    )
+
+
+def _align(short: tuple[str, ...], long: tuple[str, ...]) -> tuple[str, ...]:
+    """``short`` with each word that :func:`_alike` a word of ``long`` replaced by it, when the
+    two already share a word (the anchor); else ``short`` unchanged."""
+    shared = set(short) & set(long)
+    if not shared:
+        return short
+    rest = [x for x in long if x not in shared]
+    return tuple(
+        w if w in shared else next((x for x in rest if _alike(w, x)), w) for w in short
+    )
+
+
+def is_form_of(short: tuple[str, ...], long: tuple[str, ...], *, fuzzy: bool = False) -> bool:
     """True when the name with words ``short`` is a shorter (or only inflected) form of the one
-    with words ``long``."""
+    with words ``long``; ``fuzzy``: also through misspelt words (see the module docstring)."""
+    if fuzzy:
+        short = _align(short, long)
     ta, tb = _norm(short), _norm(long)
     if ta == tb:
         return bool(ta)
@@ -135,10 +179,13 @@ def resolve_by_tokens(
     candidates: set[str] = set()
     for word in set(words):
         candidates |= index.get(word, set())
-    found = {
-        key
-        for key in candidates
-        if compatible(type_, type_of(key))
-        and any(is_form_of(words, f) or is_form_of(f, words) for f in forms(key))
-    }
+    found = set()
+    for key in candidates:
+        other = type_of(key)
+        if not compatible(type_, other):
+            continue
+        fuzzy = "concept" not in (type_, other)
+        if any(is_form_of(words, f, fuzzy=fuzzy) or is_form_of(f, words, fuzzy=fuzzy)
+               for f in forms(key)):
+            found.add(key)
     return found.pop() if len(found) == 1 else None

@@ -32,14 +32,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hybridmem import _chroma
 from hybridmem._files import user_key
+from hybridmem._graphstate import Links
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
+from hybridmem.graphrank import FOCUS, SESSION
 from hybridmem.lexical import SqliteLexicalIndex
 from hybridmem.models import (
     Entity,
@@ -170,10 +173,11 @@ class ChromaGraphStore(_ServerCache):
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
-                 refresh_interval: float = 1.0) -> None:
+                 refresh_interval: float = 1.0, focus: float = FOCUS,
+                 session: float = SESSION) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=_chroma.graph_collection_name)
-        self._cache = NetworkXGraphStore(None)
+        self._cache = NetworkXGraphStore(None, focus=focus, session=session)
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
@@ -182,16 +186,24 @@ class ChromaGraphStore(_ServerCache):
         self.add_extractions(user_id, [(memory_id, extraction)], at=at)
 
     def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]], *,
-                        at: datetime | None = None) -> None:
-        """Write one record per item, then apply them to this process's cache."""
+                        at: datetime | None = None, links: Links = True) -> None:
+        """Write one record per item, then apply them to this process's cache. Each record
+        names in ``prev`` the memory linked just before it ("" for none), so a process that
+        replays the records rebuilds the same episodic links."""
         if not items:
             return
         when = as_utc(at or utcnow())
+        if links is True:
+            before = {b: a for a, b in pairwise(dict.fromkeys(m for m, _ in items))}
+        else:
+            before = {} if links is False else {b: a for a, b in links}
         tokens = [uuid.uuid4().hex for _ in items]
         ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
         docs = [e.model_dump_json() for _, e in items]
-        metas: list[Metadata] = [{"memory_id": mid, "token": tok, "ts": when.timestamp()}
-                                 for (mid, _), tok in zip(items, tokens)]
+        metas: list[Metadata] = [
+            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, "")}
+            for (mid, _), tok in zip(items, tokens)
+        ]
         units: list[PyEmbedding] = [_UNIT] * len(ids)
         st = self._state(user_id)
         created: _chroma.CollectionMeta = {
@@ -212,7 +224,7 @@ class ChromaGraphStore(_ServerCache):
                 except StorageError:
                     log.warning("could not undo a failed graph write; checks replay what landed")
                 raise
-            self._cache.add_extractions(user_id, items, at=when)
+            self._cache.add_extractions(user_id, items, at=when, links=links)
             st.record_ids.update(ids)
 
     def remove_memory(
@@ -238,7 +250,12 @@ class ChromaGraphStore(_ServerCache):
         the import time)."""
         scratch = NetworkXGraphStore(None)
         scratch.import_graph(user_id, dict(data))  # validates; InvalidInputError when malformed
-        items = _extractions_of(scratch.export(user_id)["graph"])
+        exported = scratch.export(user_id)["graph"]
+        items = _extractions_of(exported)
+        episodes = sorted(exported["graph"].get("next", {}).items())  # the export's own links
+        linked = dict.fromkeys(m for link in episodes for m in link)
+        known = {m for m, _ in items}
+        items += [(m, Extraction(extractor="import")) for m in linked if m not in known]
         st = self._state(user_id)
         with st.lock:
             for part in _chunks(self._record_ids(user_id)):
@@ -246,7 +263,7 @@ class ChromaGraphStore(_ServerCache):
             self._cache.drop_user(user_id)
             st.record_ids.clear()
             st.checked = None  # the next read replays what others wrote meanwhile
-            self.add_extractions(user_id, items)
+            self.add_extractions(user_id, items, links=episodes)
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's side collection and cached graph."""
@@ -291,7 +308,7 @@ class ChromaGraphStore(_ServerCache):
         """Replay new records; memories that lost records are removed and replayed from the rest."""
         rebuild = {_memory_of(r) for r in gone}
         wanted = new | {r for r in remote & st.record_ids if _memory_of(r) in rebuild}
-        rows: list[tuple[float, str, str]] = []
+        rows: list[tuple[float, str, str, str]] = []
         for part in _chunks(sorted(wanted)):
             got = self._run(user_id, "read graph records", lambda c: c.get(
                 ids=list(part), include=["documents", "metadatas"]
@@ -299,19 +316,22 @@ class ChromaGraphStore(_ServerCache):
             if not got:
                 continue
             for rid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or []):
-                ts = (meta or {}).get("ts")
-                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or ""))
+                ts, prev = (meta or {}).get("ts"), (meta or {}).get("prev")
+                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or "",
+                             prev if isinstance(prev, str) else ""))
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in rebuild}
-        for ts, rid, doc in sorted(rows):  # write order, so every process replays alike
+        for ts, rid, doc, prev in sorted(rows):  # write order, so every process replays alike
             try:
                 extraction = Extraction.model_validate_json(doc)
             except ValueError:
                 log.warning("skipping an unreadable graph record %s", rid)
             else:
                 at = datetime.fromtimestamp(ts, tz=timezone.utc) if ts else None
-                self._cache.add_extraction(user_id, _memory_of(rid), extraction, at=at)
+                mid = _memory_of(rid)
+                self._cache.add_extractions(user_id, [(mid, extraction)], at=at,
+                                            links=[(prev, mid)] if prev else False)
             st.record_ids.add(rid)
         log.debug("graph cache: %d records replayed, %d memories rebuilt", len(rows), len(rebuild))
 

@@ -26,4 +26,4 @@ def test_singular_and_the_extractor_switch() -> None:
     text = "Caroline: We talked about the adoption agency."
     found = {(e.name, e.type) for e in RuleExtractor().extract(text).entities}
     assert ("adoption agency", "concept") in found
-    assert not RuleExtractor(concepts=False).extract(text).entities
+    assert not RuleExtractor(concepts=False, speakers=False).extract(text).entities

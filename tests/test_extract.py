@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybridmem import Memory, Settings
 from hybridmem.extract import RuleExtractor
 from hybridmem.models import Extraction
 from hybridmem.protocols import Extractor
@@ -243,3 +246,26 @@ def test_trailing_adverbs_and_imperatives_are_not_entities() -> None:
     assert [(r.predicate, r.object) for r in job.relations] == [("works_at", "Riverbend Analytics")]
     tip = ex.extract("Agent: Turn off Deep Sleep in the Power Settings menu.")
     assert "Turn" not in {e.name for e in tip.entities}
+
+
+def test_a_turn_names_its_speaker_and_not_the_person_it_addresses() -> None:
+    def names(text: str, **kw: bool) -> set[str]:
+        return {e.name for e in RuleExtractor(**kw).extract(text).entities}
+
+    assert "Caroline" in names("Caroline: That sounds lovely.")  # no relation needs her
+    assert "Caroline" not in names("Caroline: That sounds lovely.", speakers=False)
+    for said in ("Thanks, Melanie! I went hiking.", "Hey Melanie, how was it?",
+                 "That is so kind, Melanie.", "Wow, Melanie, great."):
+        assert "Melanie" not in names(f"Caroline: {said}"), said
+    # a name spoken *about* stays, even beside the same name addressed
+    assert "Jon" in names("Gina: I met Jon at the gym.")
+    assert "Jon" in names("Gina: Thanks, Jon! I told Jon's sister about it.")
+    assert "Melanie" in names("Caroline: Thanks, Melanie!", speakers=False)
+
+
+@pytest.mark.parametrize("speakers", [True, False])
+def test_graph_speakers_setting_reaches_the_rule_extractor(tmp_path: Path, speakers: bool) -> None:
+    cfg = Settings(data_dir=tmp_path, embedder="hash", extractor="rules", graph_speakers=speakers)
+    with Memory(cfg) as mem:
+        mem.add_many("u", [{"text": "Caroline: That sounds lovely.", "source": "Caroline"}])
+        assert ("caroline" in {e.key for e in mem.entities("u")}) is speakers

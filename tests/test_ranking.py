@@ -114,3 +114,17 @@ def test_documented_defaults() -> None:
     old = Candidate("x", vector=0.5, vector_rank=1, age_days=30.0)
     (_, b), = fuse([old], Weights(recency=3.0))
     assert abs(b.fused - 0.5 * 0.5) < 1e-12
+
+
+def test_ties_rank_in_memory_id_order_whatever_the_input_order() -> None:
+    tied = [Candidate(m, vector=0.5, vector_rank=1) for m in ("c", "a", "b")]
+    assert [c.memory_id for c, _ in fuse(tied, Weights())] == ["a", "b", "c"]
+    assert [c.memory_id for c, _ in fuse(tied[::-1], Weights())] == ["a", "b", "c"]
+
+
+def test_graph_seeds_give_mass_to_the_best_few_and_list_every_candidate() -> None:
+    from hybridmem.ranking import graph_seeds
+
+    cands = [Candidate("lo", vector=0.2), Candidate("hi", vector=0.8), Candidate("mid", vector=0.5)]
+    seeds = graph_seeds(cands, Weights(), 2)
+    assert seeds == [("hi", 0.8), ("mid", 0.5), ("lo", 0.0)]  # "lo": focus only, never spreads

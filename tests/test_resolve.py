@@ -35,6 +35,27 @@ def test_forms_of_one_name(short: str, long: str) -> None:
     assert is_form_of(w(short), w(long)) or is_form_of(w(long), w(short))
 
 
+@pytest.mark.parametrize(("typo", "name"), [
+    ("Logitec MX Master 3S", "Logitech MX Master 3S"),
+    ("Ergotorn LX monitor arm", "Ergotron LX monitor arm"),
+    ("Apple MacBok Air", "Apple MacBook Air"),
+    ("Sony XM5s", "Sony WH-1000XM5"),  # the tail of a model code, not an edit
+])
+def test_misspelt_names_are_forms_only_when_fuzzy(typo: str, name: str) -> None:
+    assert is_form_of(w(typo), w(name), fuzzy=True) or is_form_of(w(name), w(typo), fuzzy=True)
+    assert not is_form_of(w(typo), w(name)) and not is_form_of(w(name), w(typo))
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Sony XM4", "Sony WH-1000XM5"),  # model codes are never edit-distance matched
+    ("Sony WH-1000XM4", "Sony WH-1000XM5"),
+    ("Logitec", "Logitech MX Master 3S"),  # no anchor: no shared word
+    ("Dell cable", "Dell table"),  # ordinary words under 5 letters... and 80 < 85
+])
+def test_fuzzy_matching_keeps_distinct_names_apart(a: str, b: str) -> None:
+    assert not is_form_of(w(a), w(b), fuzzy=True) and not is_form_of(w(b), w(a), fuzzy=True)
+
+
 @pytest.mark.parametrize(("a", "b"), [
     ("iPhone 15", "iPhone 15 Pro"),
     ("Sony WH-1000XM4", "Sony WH-1000XM5"),
@@ -109,6 +130,31 @@ def test_demo_graph_has_one_node_per_real_product() -> None:
         for names, keys in zip(products, nodes):
             assert None not in keys and len(set(keys)) == 1, (user, dict(zip(names, keys)))
         assert len({keys[0] for keys in nodes}) == len(products), user  # and products stay apart
+
+
+#: Misspelt or abbreviated names a user might write for the demo's products, per user.
+TYPOS = {
+    "client_123": {"Logitec MX Master 3S mouse": "MX Master 3S",
+                   "Ergotorn LX monitor": "Ergotron LX monitor arm"},
+    "bob_chen": {"Lenovo Thinkpad X1 Carbn": "ThinkPad X1 Carbon"},
+    "client_456": {"Sony XM5s": "WH-1000XM5"},
+    "alice_martin": {"BenQ PD2706U designr monitor": "BenQ PD2706U"},
+}
+
+
+def test_demo_graph_with_misspelt_variants_has_one_node_per_real_product() -> None:
+    graphs, rules, now = demo_graphs(), RuleExtractor(), datetime.now(timezone.utc)
+    for user, typos in TYPOS.items():
+        st = graphs[user]
+        before = {k for k, a in st.graph.nodes(data=True) if a["type"] == "product"}
+        for i, typo in enumerate(typos):
+            st.add([(f"typo{i}", rules.extract(f"The {typo} arrived today."))], now)
+        for typo, name in typos.items():
+            assert st.resolve(typo) == st.resolve(name) is not None, (user, typo)
+        products = ONE_PRODUCT[user]
+        assert len({st.resolve(names[0]) for names in products}) == len(products), user
+        after = {k for k, a in st.graph.nodes(data=True) if a["type"] == "product"}
+        assert after == before, (user, after - before)  # no new product node
 
 
 def test_demo_graph_has_no_role_unit_or_number_nodes() -> None:
