@@ -54,6 +54,7 @@ from hybridmem._graphio import (
     truncate,
 )
 from hybridmem._graphstate import LOG_FILE, Links, UserGraph, stamp_of
+from hybridmem._keylocks import KeyedLocks
 from hybridmem.graphrank import EPISODIC, FOCUS, SESSION, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
@@ -118,7 +119,10 @@ class NetworkXGraphStore:
         self.max_memories = max_memories
         self.hub_degree = hub_degree
         self.co_mentions = co_mentions
+        #: ``_lock`` guards the tables only, never a load, query or file write; each user's
+        #: graph is read and changed under its own lock (``_busy``), so users never wait on each other.
         self._lock = threading.RLock()
+        self._busy = KeyedLocks()
         #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
         self._users: OrderedDict[str, UserGraph] = OrderedDict()
         self._dirty: set[str] = set()
@@ -150,23 +154,32 @@ class NetworkXGraphStore:
     def _file_lock(self, user_id: str) -> AbstractContextManager[object]:
         return nullcontext() if self.data_dir is None else user_lock(self.data_dir, user_id)
 
+    def _locked(self, user_id: str) -> AbstractContextManager[None]:
+        """The user's own lock: every read and change of one user's graph runs under it."""
+        return self._busy.hold(user_key(user_id))
+
     def _state(self, user_id: str) -> UserGraph:
-        """The user's graph, loaded lazily and re-read if another process rewrote the file."""
+        """The user's graph, loaded lazily (under :meth:`_locked`, outside the store-wide lock)
+        and re-read if another process rewrote the file."""
         self._check_open()
         key = user_key(user_id)
-        st = self._users.get(key)
+        with self._lock:
+            if (st := self._users.get(key)) is not None:
+                self._users.move_to_end(key)
+            dirty = key in self._dirty
         if st is None:
-            st = self._users[key] = UserGraph(user_id, self._path(user_id))
+            st = UserGraph(user_id, self._path(user_id))
             self._load(st)
-            for old in [k for k in self._users if k not in self._dirty][:-self.max_open or None]:
-                if len(self._users) <= self.max_open or old == key:
-                    break
-                del self._users[old]
-        else:
-            self._users.move_to_end(key)
-            if key not in self._dirty and not (self._exclusive and self._exclusive()) and (
-                    st.stamps() != st.stamp):
-                self._load(st)
+            with self._lock:
+                self._users[key] = st
+                # the least recently used go first; never one with unsaved changes or in use
+                for old in [k for k in self._users if k not in self._dirty and not self._busy.busy(k)]:
+                    if len(self._users) <= self.max_open:
+                        break
+                    del self._users[old]
+        elif not dirty and not (self._exclusive and self._exclusive()) and (
+                st.stamps() != st.stamp):
+            self._load(st)
         return st
 
     def _check_open(self) -> None:
@@ -265,12 +278,12 @@ class NetworkXGraphStore:
 
     def save(self, user_id: str) -> None:
         """Write the user's graph now (only needed with ``autosave=False``)."""
-        with self._lock, self._file_lock(user_id):
+        with self._locked(user_id), self._file_lock(user_id):
             self._save(user_id, self._state(user_id))
 
     def refresh(self, user_id: str) -> None:
         """Re-read the user's file if another process rewrote it (every read checks anyway)."""
-        with self._lock:
+        with self._locked(user_id):
             self._state(user_id)
 
     # ---------------------------------------------------------------- writes
@@ -291,7 +304,7 @@ class NetworkXGraphStore:
         if not items:
             return
         seen = as_utc(at or utcnow())
-        with self._lock, self._file_lock(user_id):
+        with self._locked(user_id), self._file_lock(user_id):
             st = self._state(user_id)
             st.add(items, seen, links)
             op: dict[str, Any] = {"op": "add", "at": seen.isoformat(), "items": [
@@ -308,7 +321,7 @@ class NetworkXGraphStore:
 
         ``erase=True`` (the memories were deleted, not superseded) rewrites the snapshot at once,
         so the log lines that carried their extractions are gone from disk."""
-        with self._lock, self._file_lock(user_id):
+        with self._locked(user_id), self._file_lock(user_id):
             st = self._state(user_id)
             if st.remove(memory_ids) or erase:
                 if erase and self.autosave:
@@ -323,7 +336,7 @@ class NetworkXGraphStore:
             g = graph_from(data)
         except ValueError as exc:
             raise InvalidInputError(f"cannot import graph: {exc}") from exc
-        with self._lock, self._file_lock(user_id):
+        with self._locked(user_id), self._file_lock(user_id):
             st = self._state(user_id)
             st.graph = g
             st.index()
@@ -332,27 +345,29 @@ class NetworkXGraphStore:
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""
         self._check_open()
-        with self._lock, self._file_lock(user_id):
+        with self._locked(user_id), self._file_lock(user_id):
             path = self._path(user_id)
             for file in (path, path.with_name(LOG_FILE)) if path is not None else ():
                 try:
                     file.unlink(missing_ok=True)
                 except OSError as exc:
                     raise StorageError(f"could not delete {file}: {exc}") from exc
-            self._users.pop(user_key(user_id), None)
-            self._dirty.discard(user_key(user_id))
+            with self._lock:
+                self._users.pop(user_key(user_id), None)
+                self._dirty.discard(user_key(user_id))
 
     def close(self) -> None:
         """Save graphs left unsaved (``autosave=False``), forget the caches; idempotent."""
         with self._lock:
             if self._closed:
                 return
-            try:
-                for key in sorted(self._dirty):
-                    st = self._users[key]
-                    with self._file_lock(st.user_id):
-                        self._save(st.user_id, st)
-            finally:
+            unsaved = [self._users[key] for key in sorted(self._dirty)]
+        try:
+            for st in unsaved:
+                with self._locked(st.user_id), self._file_lock(st.user_id):
+                    self._save(st.user_id, st)
+        finally:
+            with self._lock:
                 self._closed = True
                 self._users.clear()
                 self._dirty.clear()
@@ -365,7 +380,7 @@ class NetworkXGraphStore:
         One dict lookup per n-gram in the alias index, so it costs the same at 10 nodes or 10k.
         Single pronoun-like words ("it", "my") never match.
         """
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             # A token that is only punctuation (" - ") normalises to no word; it stays as "" so
             # that no n-gram spans it.
@@ -399,7 +414,7 @@ class NetworkXGraphStore:
         """
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             g = st.graph
             seeds = [k for k in dict.fromkeys(st.resolve(e) for e in entities) if k is not None]
@@ -451,7 +466,7 @@ class NetworkXGraphStore:
         :mod:`hybridmem.graphrank`). Costs O(seeds x their entities' memories), bounded."""
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
-        with self._lock:
+        with self._locked(user_id):
             named = self.entities_in(user_id, query)
             return activate(
                 self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
@@ -485,20 +500,20 @@ class NetworkXGraphStore:
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         """Keys of the entities the given memories mention (sorted)."""
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             return sorted({k for m in memory_ids for k in st.mem_nodes.get(m, ())})
 
     def entity(self, user_id: str, name: str) -> GraphEntity | None:
         """The node a name or alias refers to, or None."""
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             key = st.resolve(name)
             return None if key is None else _entity(key, st.graph.nodes[key])
 
     def entities(self, user_id: str) -> list[GraphEntity]:
         """Every node of the user's graph, sorted by key."""
-        with self._lock:
+        with self._locked(user_id):
             g = self._state(user_id).graph
             return [_entity(key, g.nodes[key]) for key in sorted(g)]
 
@@ -508,7 +523,7 @@ class NetworkXGraphStore:
         """One relation per (edge, predicate), with display names, keys, the supporting memory ids
         (sorted) and the highest confidence; only those the given memories support if set.
         Sorted by (subject key, predicate, object key)."""
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             g = st.graph
             wanted = None if memory_ids is None else set(memory_ids)
@@ -536,7 +551,7 @@ class NetworkXGraphStore:
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
         """The shortest relation path between two entities, ignoring direction, as readable edges
         ("Alice -bought-> ROG laptop"); [] when either is unknown or no path is short enough."""
-        with self._lock:
+        with self._locked(user_id):
             st = self._state(user_id)
             g = st.graph
             src, dst = st.resolve(a), st.resolve(b)
@@ -552,7 +567,7 @@ class NetworkXGraphStore:
 
     def export(self, user_id: str) -> dict[str, Any]:
         """The user's graph as JSON-safe ``{"schema": 1, "graph": node-link}``."""
-        with self._lock:
+        with self._locked(user_id):
             return node_link(self._state(user_id).graph)
 
 

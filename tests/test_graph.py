@@ -601,3 +601,61 @@ def test_graph_from_reads_node_link_in_one_checked_pass() -> None:
                 {"nodes": [], "edges": [{"source": "a"}]}, {"nodes": [], "edges": [], "graph": 3}):
         with pytest.raises(ValueError):
             graph_from(bad)
+
+
+def test_a_slow_load_of_one_user_holds_up_no_other_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with NetworkXGraphStore(tmp_path) as writer:
+        writer.add_extraction("slow", "m1", ex(("Ana", "bought", "ROG laptop")))
+        writer.save("slow")
+        writer.add_extraction("quick", "m2", ex(("Bo", "bought", "Dell monitor")))
+    reading, release = threading.Event(), threading.Event()
+    released: list[bool] = []  # whether the slow load was let go by us (not by its time-out)
+    parse = graph_module.from_json_bytes
+
+    def slow_parse(raw: bytes) -> nx.DiGraph[str]:
+        if b"ROG laptop" in raw:  # the slow user's snapshot: its load waits until released
+            reading.set()
+            released.append(release.wait(15))
+        return parse(raw)
+
+    monkeypatch.setattr(graph_module, "from_json_bytes", slow_parse)
+    store = NetworkXGraphStore(tmp_path)
+    loading = threading.Thread(target=store.entities, args=("slow",))
+    loading.start()
+    try:
+        assert reading.wait(30)
+        # while "slow" is being loaded, another user's reads and writes go through
+        assert [e.name for e in store.entities("quick")] == ["Bo", "Dell monitor"]
+        store.add_extraction("quick", "m3", ex(("Bo", "prefers", "matte screens")))
+        assert "matte screens" in {e.name for e in store.entities("quick")}
+    finally:
+        release.set()
+        loading.join(30)
+    assert released == [True]  # the slow load was still waiting all along
+    assert "ROG laptop" in {e.name for e in store.entities("slow")}
+    store.close()
+
+
+def test_keyed_locks_keep_only_keys_in_use() -> None:
+    from hybridmem._keylocks import KeyedLocks
+
+    locks = KeyedLocks()
+    with locks.hold("a"):
+        with locks.hold("a"):  # re-entrant in one thread
+            assert locks.busy("a") and not locks.busy("b")
+        got = threading.Event()
+
+        def take() -> None:
+            with locks.hold("a"):
+                got.set()
+
+        other = threading.Thread(target=take)
+        other.start()
+        assert not got.wait(0.2)  # another thread waits while this one holds the key
+    other.join(30)
+    assert got.is_set() and not locks.busy("a")  # it got the key once released, then let go
+    with locks.hold("b"):
+        pass
+    assert not locks.busy("b")  # nothing is left of a key nobody holds
