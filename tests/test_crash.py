@@ -13,6 +13,7 @@ import pytest
 
 import crash_harness
 from hybridmem import DataDirLockedError, Memory, Settings
+from hybridmem import _journal as journal
 
 
 def test_a_writer_killed_at_random_loses_nothing_acknowledged(
@@ -33,6 +34,39 @@ def test_a_writer_killed_at_random_loses_nothing_acknowledged(
             stored = {i.id for i in crash_harness.all_items(mem)}
             assert ledger.must_exist <= stored, f"trial {n} lost acknowledged writes"
             crash_harness.check_agree(mem, data_dir)
+
+
+def _journal_file(data_dir: Path) -> Path:
+    (folder,) = (data_dir / "users").iterdir()
+    return folder / journal.PENDING_FILE
+
+
+def test_the_journal_is_rewritten_in_place_and_a_torn_one_is_dropped(tmp_path: Path) -> None:
+    """Framed journal: a body that does not match its header (a write cut short, before any
+    store was written) is dropped; a whole one is replayed, even for a batch that had finished
+    (idempotent); the plain JSON of earlier versions is still read."""
+    data_dir = tmp_path / "hm"
+    settings = crash_harness.settings(data_dir, None)
+    with Memory(settings) as mem:
+        kept = mem.add("u", "I bought a Dell monitor")
+        path = _journal_file(data_dir)
+        assert path.exists() and path.stat().st_size == 0  # kept, empty: nothing pending
+        never = kept.model_copy(update={"id": "never-landed", "text": "I sold my bike"})
+    finished = journal.Intent(user_id="u", written=[kept], events=[])
+    path.write_bytes(journal.frame(finished))
+    with Memory(settings) as mem:  # replayed: nothing changes
+        assert [i.id for i in mem.list("u")] == [kept.id] and path.stat().st_size == 0
+        crash_harness.check_agree(mem, data_dir, "u")
+    torn = journal.frame(journal.Intent(user_id="u", written=[never]))
+    path.write_bytes(torn[: len(torn) - 10])
+    with Memory(settings) as mem:
+        assert [i.id for i in mem.list("u")] == [kept.id] and path.stat().st_size == 0
+    path.write_bytes(journal.Intent(user_id="u", written=[never]).model_dump_json().encode())
+    with Memory(settings) as mem:  # the old format: undone (its vectors never landed)
+        assert [i.id for i in mem.list("u")] == [kept.id] and path.stat().st_size == 0
+        crash_harness.check_agree(mem, data_dir, "u")
+    path.write_bytes(torn[:-10] + b"x" * 10)  # the right length, not the right content
+    assert journal.parse(path.read_bytes(), path) is None
 
 
 HOLDER = r"""
