@@ -4,6 +4,13 @@ A file per user means forgetting a user deletes one file and no other user's row
 page with theirs. Writes are durable (``synchronous=FULL``, a rollback journal) and deleted rows
 are zeroed (``secure_delete``).
 
+The rollback journal is *truncated* at each commit (``journal_mode=TRUNCATE``), not deleted: the
+default mode creates and unlinks ``<file>-journal`` in every transaction, two directory changes
+the file system must commit, which made a one-row commit cost 9.0 ms here against 0.9 ms
+truncated (same durability; measured on this project's ext4 machine). The journal holds page
+images only while its transaction runs, as before; afterwards it is an empty file beside the
+database (removed with it by :meth:`PerUserSqlite.drop_user`).
+
 Every write goes through :meth:`PerUserSqlite._write`, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` that
 rolls back on any failure, and every SQLite error leaves as one of ours (:func:`storage_error`):
 :class:`~hybridmem.errors.StoreBusyError` (retryable) when another connection holds the lock past
@@ -111,7 +118,7 @@ class PerUserSqlite:
         except sqlite3.Error as exc:
             raise storage_error(exc, f"open the {self.what} {path}") from exc
         try:
-            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute("PRAGMA journal_mode=TRUNCATE")  # see the module docstring
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA secure_delete=ON")
             for statement in self.schema:

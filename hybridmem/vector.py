@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from hybridmem import _chroma
+from hybridmem import _placement as place
 from hybridmem._dirlock import UserLocks
 from hybridmem._layout import rows as _rows
 from hybridmem._layout import (
@@ -47,7 +48,6 @@ from hybridmem._layout import (
     compile_where,
     matches,
     parts_of,
-    replacing,
     resolve,
     residual,
     stored,
@@ -279,13 +279,10 @@ class ChromaVectorStore:
                 docs = [items[n].text for n in picked]
                 vecs = [vectors[n] for n in picked]
                 recs = [records[n] for n in picked]
-
-                def write(c: Collection) -> None:
-                    c.upsert(ids=ids, documents=docs, embeddings=vecs,
-                             metadatas=replacing(c, ids, recs))
-
-                self._run(user_id, "write the memories", write, create=True, archive=archive)
-                moved = [i for i in ids if placed.get(i) == (not archive)]
+                self._run(user_id, "write the memories", lambda c: place.put(
+                    c, archive, placed, ids, recs, documents=docs, embeddings=vecs),
+                    create=True, archive=archive)
+                moved = place.moved_out(placed, ids, archive)
                 if moved:  # after the copy landed: a crash in between leaves two copies
                     self._run(user_id, "move memories", lambda c: c.delete(ids=moved),
                               archive=not archive)
@@ -303,25 +300,26 @@ class ChromaVectorStore:
         records = self._records_of(user_id, items)
         with self._user_lock(user_id), self._coherent(user_id):
             placed = self._placed(user_id, [i.id for i in items])
+            where = {i: self._where_is(placed, i) for i in placed}
             for archive in (False, True):
                 stay = [(i.id, r) for i, r in zip(items, records)
-                        if placed.get(i.id) == archive and archived(r) == archive]
+                        if where.get(i.id) == archive and archived(r) == archive]
                 come = [(i.id, r) for i, r in zip(items, records)
-                        if placed.get(i.id) == (not archive) and archived(r) == archive]
+                        if where.get(i.id) == (not archive) and archived(r) == archive]
                 if stay:
                     ids, recs = [i for i, _ in stay], [r for _, r in stay]
-                    self._run(user_id, "update the memories", lambda c: c.update(
-                        ids=ids, metadatas=replacing(c, ids, recs)), archive=archive)
+                    self._run(user_id, "update the memories", lambda c: place.refresh(
+                        c, archive, placed, ids, recs), archive=archive)
                 if come:
-                    self._move(user_id, come, to_archive=archive)
+                    self._move(user_id, come, placed, to_archive=archive)
             cached = self._records.get(user_id) if self._records is not None else None
             if cached is not None:
                 rows = [(i.id, row[0], stored(r)) for i, r in zip(items, records)
                         if (row := cached.row(i.id)) is not None]
                 cached.put(rows)
 
-    def _move(self, user_id: str, moving: builtins.list[tuple[str, Record]], *,
-              to_archive: bool) -> None:
+    def _move(self, user_id: str, moving: builtins.list[tuple[str, Record]],
+              placed: place.Placed, *, to_archive: bool) -> None:
         """Copy memories (vector, text, new fields) to the other collection, then delete them
         where they were."""
         ids = [i for i, _ in moving]
@@ -334,9 +332,9 @@ class ChromaVectorStore:
         embeddings, docs = got["embeddings"], got["documents"]
         assert embeddings is not None and docs is not None
         recs = [fields[i] for i in found]
-        self._run(user_id, "move memories", lambda c: c.upsert(
-            ids=found, embeddings=embeddings, documents=docs,
-            metadatas=replacing(c, found, recs)), create=True, archive=to_archive)
+        self._run(user_id, "move memories", lambda c: place.put(
+            c, to_archive, placed, found, recs, documents=docs, embeddings=embeddings),
+            create=True, archive=to_archive)
         self._run(user_id, "move memories", lambda c: c.delete(ids=found),
                   archive=not to_archive)
 
@@ -348,7 +346,7 @@ class ChromaVectorStore:
         with self._user_lock(user_id), self._coherent(user_id):
             placed = self._placed(user_id, ids)
             for archive in (False, True):
-                doomed = [i for i in ids if placed.get(i) == archive]
+                doomed = [i for i in ids if archive in placed.get(i, {})]
                 if doomed:
                     self._run(user_id, "delete memories", lambda c: c.delete(ids=doomed),
                               archive=archive)
@@ -373,24 +371,21 @@ class ChromaVectorStore:
             self._drop_cached(user_id)
             raise
 
-    def _placed(self, user_id: str, ids: Sequence[str]) -> dict[str, bool]:
-        """Where each stored id is (True: the archive); ids stored nowhere are left out."""
+    def _placed(self, user_id: str, ids: Sequence[str]) -> place.Placed:
+        """Where each stored id is, with its stored metadata (exact under the user's write
+        lock, see :mod:`hybridmem._placement`); ids stored nowhere are left out."""
         cached = self._cached(user_id, load=False)
         if cached is not None:
-            out = {}
-            for i in ids:
-                row = cached.row(i)
-                if row is not None:
-                    out[i] = archived(row[1])
-            return out
+            return place.from_cache(cached, ids)
         wanted = builtins.list(dict.fromkeys(ids))
-        found: dict[str, bool] = {}
-        for archive in (True, False):  # the hot copy wins if a crash left two
-            got = self._run(user_id, "read the memories", lambda c: c.get(
-                ids=wanted, include=[]), archive=archive)
-            if got is not None:
-                found.update((i, archive) for i in got["ids"])
-        return found
+        return place.from_gets(wanted, lambda archive: self._run(
+            user_id, "read the memories", lambda c: c.get(ids=wanted, include=["metadatas"]),
+            archive=archive))
+
+    @staticmethod
+    def _where_is(placed: place.Placed, id_: str) -> bool:
+        """The collection of a stored id (the hot copy wins if a crash left two)."""
+        return False if False in placed[id_] else True
 
     def _records_of(self, user_id: str, items: Sequence[MemoryItem]) -> builtins.list[Record]:
         for bad in (i for i in items if i.user_id != user_id):

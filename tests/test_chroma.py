@@ -97,6 +97,25 @@ def test_create_open_drop(mode: dict[str, Any], unique_user: str) -> None:
     assert _chroma.open_collection(client, name) is None
 
 
+def test_created_collections_sync_as_configured_and_existing_ones_keep_their_configuration(
+    mode: dict[str, Any], unique_user: str
+) -> None:
+    """Ours persist their HNSW index every HNSW_SYNC_THRESHOLD records; one made otherwise (here
+    every 500) is opened as it is, until an operator modifies it."""
+    client = mode["make"]()
+    ours = _chroma.create_collection(client, _chroma.collection_name(unique_user), {"a": 1})
+    assert ours.configuration_json["hnsw"]["sync_threshold"] == _chroma.HNSW_SYNC_THRESHOLD
+    older = client.create_collection(_chroma.collection_name(unique_user + "-old"),
+                                     embedding_function=None,
+                                     configuration={"hnsw": {"space": "cosine",
+                                                             "sync_threshold": 500}})
+    opened = _chroma.create_collection(client, older.name, {"a": 1})
+    assert opened.id == older.id and opened.configuration_json["hnsw"]["sync_threshold"] == 500
+    opened.modify(configuration={"hnsw": {"sync_threshold": _chroma.HNSW_SYNC_THRESHOLD}})
+    again = mode["make"]().get_collection(older.name)
+    assert again.configuration_json["hnsw"]["sync_threshold"] == _chroma.HNSW_SYNC_THRESHOLD
+
+
 def test_handles_cache_create_and_return_none_when_missing(
     mode: dict[str, Any], unique_user: str
 ) -> None:

@@ -103,6 +103,20 @@ def test_closed_index_refuses_use(tmp_path: Path) -> None:
     assert "closed" in repr(idx)
 
 
+def test_commits_leave_an_empty_journal_and_no_deleted_text(idx: SqliteLexicalIndex) -> None:
+    """The rollback journal is truncated at each commit (not created and unlinked each time):
+    what it held of a transaction is gone once the transaction is, deleted text included."""
+    idx.add("u", ["a", "b"], ["the QUOKKAPHONE order", "a keyboard"])
+    idx.delete("u", ["a"])
+    folder = user_dir(idx._data_dir, "u", create=False)
+    journal = folder / (FILE_NAME + "-journal")
+    assert journal.exists() and journal.stat().st_size == 0
+    assert not any(b"quokkaphone" in p.read_bytes().lower() for p in folder.iterdir())
+    assert [i for i, _ in idx.search("u", "keyboard", limit=5)] == ["b"]
+    idx.drop_user("u")
+    assert not journal.exists()
+
+
 def _hold_exclusive_lock(idx: SqliteLexicalIndex, user_id: str) -> sqlite3.Connection:
     path = user_dir(idx._data_dir, user_id, create=False) / FILE_NAME
     other = sqlite3.connect(str(path), isolation_level=None)

@@ -114,6 +114,29 @@ def test_writes_replace_the_record_chroma_would_merge(
     assert store.count(unique_user) == 1
 
 
+def test_a_write_replaces_what_another_store_wrote_before(
+    store_factory: Factory, unique_user: str
+) -> None:
+    """Fresh ids are added, and Chroma's add keeps an existing record silently: so the
+    existence check must be exact even for a store that has never seen the id (a reopened
+    store, its record cache not loaded yet), in either collection."""
+    put(store_factory(), [item(unique_user, "m", "Alice bought a laptop", metadata={"gone": 1}),
+                          item(unique_user, "s", "old archived", superseded_by="x",
+                               invalid_at=T0)])
+    store = store_factory()
+    new = item(unique_user, "m", "Bob returned the mouse")
+    back = item(unique_user, "s", "back in the hot collection")
+    put(store, [new, back])
+    assert store.get(unique_user, ["m", "s"]) == [new, back]
+    assert store.list(unique_user, where=parse_where({"gone": 1})) == []
+    assert store.count(unique_user) == 2
+    hits = {h.item.id: h for h in store.query(unique_user, EMB.embed_batch(["Bob returned the mouse"]),
+                                               limit=2)[0]}
+    assert hits["m"].item == new and hits["m"].similarity > 0.99  # the vector was replaced too
+    third = store_factory()
+    assert third.get(unique_user, ["m", "s"]) == [new, back]
+
+
 def test_delete_drop_and_users_are_isolated(store_factory: Factory, unique_user: str) -> None:
     store = store_factory()
     a, b = unique_user + "a", unique_user + "b"
