@@ -531,7 +531,11 @@ class Writer:
         ids = [i.id for i in items]
         # the graph first: if a crash comes between, the marks stay and a new call redoes it
         self._stores.graph.remove_memory(user_id, ids)
-        self._stores.graph.add_extractions(user_id, [(i.id, f) for i, (_, f) in zip(items, kept)])
+        # links=False: the memories redone come from many conversations, not one; each loses
+        # its place in its own episode (remove_memory unlinks it), which costs the graph an
+        # episodic edge, never a wrong one
+        self._stores.graph.add_extractions(
+            user_id, [(i.id, f) for i, (_, f) in zip(items, kept)], links=False)
         self._stores.vectors.update(user_id, items)
         self._stores.history.record(user_id, [
             HistoryEvent(memory_id=i.id, action="update", cause=f"re-extracted with {i.extractor}")

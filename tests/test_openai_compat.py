@@ -536,6 +536,23 @@ def test_a_failing_extractor_never_loses_the_memory(openai_server, make_settings
         assert mem.history("ann", item.id)[-1].cause == "re-extracted with llm:gpt-4o-mini"
 
 
+def test_reextraction_links_no_memories_of_different_conversations(
+        openai_server, make_settings, embedder):
+    """Re-extraction redoes memories of many conversations in one call: it must not chain them
+    as one episode (each add below is its own conversation, so no episodic link may appear)."""
+    with Memory(make_settings(extractor="llm", request_timeout=0.5), embedder=embedder) as mem:
+        openai_server.script(*[Reply.error(503)] * 4)  # both adds fall back to the rules
+        first = mem.add("dee", "Dee bought a ROG laptop in Berlin")
+        second = mem.add("dee", "Dee moved to Lisbon last spring")
+        assert first.needs_extraction and second.needs_extraction
+        openai_server.reset()
+        dee = {"entities": [{"name": "Dee", "type": "person"}], "relations": []}
+        openai_server.script(json.dumps({"results": [{"index": 0, **dee}, {"index": 1, **dee}]}))
+        assert mem.reextract("dee") == 2
+        assert not mem.get("dee", first.id).needs_extraction
+        assert mem.export("dee")["graph"]["graph"]["graph"].get("next", {}) == {}
+
+
 def test_reextract_keeps_the_mark_while_the_model_still_fails(openai_server, make_settings,
                                                               embedder):
     with Memory(make_settings(extractor="llm"), embedder=embedder) as mem:
