@@ -27,10 +27,12 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hybridmem._files import user_dir, user_key
+from hybridmem._keylocks import KeyedLocks
 from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
 
 __all__ = ["PerUserSqlite", "storage_error"]
@@ -67,7 +69,8 @@ def storage_error(exc: sqlite3.Error, doing: str) -> StorageError:
 
 
 class PerUserSqlite:
-    """Connections cached per user behind one lock; subclasses name the file and its schema.
+    """Connections cached per user, each used under its user's own lock (one user's fsync'd
+    commit never holds up another user's query); subclasses name the file and its schema.
 
     ``timeout`` is how long (seconds) a statement waits for another connection's lock before
     :class:`~hybridmem.errors.StoreBusyError` is raised.
@@ -86,7 +89,8 @@ class PerUserSqlite:
         #: open files stay flat however many users a process serves.
         self._conns: OrderedDict[str, sqlite3.Connection] = OrderedDict()
         self._max_open = max(1, max_open)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the table and the closed flag only, never a statement
+        self._users = KeyedLocks()  # a user's connection is used under that user's lock
         self._closed = False
 
     def __repr__(self) -> str:
@@ -100,14 +104,16 @@ class PerUserSqlite:
         self.close()
 
     def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
-        """The user's connection (call with the lock held); None if absent and not ``create``."""
-        if self._closed:
-            raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
+        """The user's connection (call with the user's lock held, see :meth:`_user`); None if
+        absent and not ``create``."""
         key = user_key(user_id)
-        conn = self._conns.get(key)
-        if conn is not None:
-            self._conns.move_to_end(key)
-            return conn
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
+            conn = self._conns.get(key)
+            if conn is not None:
+                self._conns.move_to_end(key)
+                return conn
         path = user_dir(self._data_dir, user_id, create=create) / self.file_name
         if not create and not path.exists():
             return None
@@ -126,11 +132,17 @@ class PerUserSqlite:
         except sqlite3.Error as exc:
             conn.close()
             raise storage_error(exc, f"open the {self.what} {path}") from exc
-        self._conns[key] = conn
-        while len(self._conns) > self._max_open:  # callers hold the lock: nobody is using it
-            _, oldest = self._conns.popitem(last=False)
-            oldest.close()
+        with self._lock:
+            self._conns[key] = conn
+            # the least recently used go first, never one a call holds (it may be using it)
+            for old in [k for k in self._conns if k != key and not self._users.busy(k)]:
+                if len(self._conns) <= self._max_open:
+                    break
+                self._conns.pop(old).close()
         return conn
+
+    def _user(self, user_id: str) -> AbstractContextManager[None]:
+        return self._users.hold(user_key(user_id))
 
     def _write(
         self,
@@ -146,7 +158,7 @@ class PerUserSqlite:
         ``BEGIN IMMEDIATE`` takes the write lock up front, so a busy database fails (after
         ``timeout``) before anything was done, never halfway.
         """
-        with self._lock:
+        with self._user(user_id):
             conn = self._conn(user_id, create=create)
             if conn is None:
                 return
@@ -169,14 +181,15 @@ class PerUserSqlite:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             log.warning("rollback failed in the %s; reopening it", self.what, exc_info=True)
-            self._conns.pop(user_key(user_id), None)
+            with self._lock:
+                self._conns.pop(user_key(user_id), None)
             conn.close()
 
     def _read(
         self, user_id: str, doing: str, sql: str, args: Sequence[object] = ()
     ) -> list[tuple[Any, ...]]:
         """The rows of one query on the user's database ([] when the user has no file)."""
-        with self._lock:
+        with self._user(user_id):
             conn = self._conn(user_id, create=False)
             if conn is None:
                 return []
@@ -187,10 +200,12 @@ class PerUserSqlite:
 
     def drop_user(self, user_id: str) -> None:
         """Close and delete the user's file (and any journal beside it)."""
-        with self._lock:
-            if self._closed:
-                raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
-            conn = self._conns.pop(user_key(user_id), None)
+        with self._user(user_id):
+            with self._lock:
+                if self._closed:
+                    raise ClosedError(
+                        f"the {self.what} is closed; create a new {type(self).__name__}")
+                conn = self._conns.pop(user_key(user_id), None)
             if conn is not None:
                 conn.close()
             folder = user_dir(self._data_dir, user_id, create=False)
@@ -204,8 +219,11 @@ class PerUserSqlite:
     def close(self) -> None:
         """Close every connection; idempotent. The store refuses use afterwards."""
         with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), OrderedDict()
-            for conn in conns:
+            self._closed = True  # no new call gets a connection from here on
+            keys = list(self._conns)
+        for key in keys:  # each closed once no call holds it
+            with self._users.hold(key), self._lock:
+                conn = self._conns.pop(key, None)
+            if conn is not None:
                 conn.close()
 

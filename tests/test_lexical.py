@@ -179,3 +179,38 @@ def test_a_failing_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
     store._write("u", "add", lambda c: c.execute("INSERT INTO n VALUES ('b', 5)"))  # usable
     assert store._read("u", "read", "SELECT k, v FROM n ORDER BY k") == [("a", 1), ("b", 5)]
     store.close()
+
+
+def test_one_users_open_transaction_holds_up_no_other_user(idx: SqliteLexicalIndex) -> None:
+    import threading
+
+    idx.add("quick", ["q1"], ["a matte 4K monitor"])
+    inside, release = threading.Event(), threading.Event()
+    released: list[bool] = []  # whether the slow write was let go by us (not by its time-out)
+
+    def slow(conn: sqlite3.Connection) -> None:  # stands for a long, fsync'd commit
+        conn.execute("DELETE FROM ids WHERE 0")
+        inside.set()
+        released.append(release.wait(15))
+
+    writer = threading.Thread(target=idx._write, args=("slow", "hold a transaction", slow))
+    writer.start()
+    try:
+        assert inside.wait(30)
+        # while "slow" is inside its transaction, another user reads and writes
+        assert [m for m, _ in idx.search("quick", "monitor", limit=5)] == ["q1"]
+        idx.add("quick", ["q2"], ["a ROG laptop"])
+        assert [m for m, _ in idx.search("quick", "laptop", limit=5)] == ["q2"]
+    finally:
+        release.set()
+        writer.join(30)
+    assert released == [True]  # the slow write was still open all along
+
+
+def test_many_users_keep_at_most_max_open_connections(tmp_path: Path) -> None:
+    with SqliteLexicalIndex(tmp_path, max_open=3) as small:
+        for n in range(10):
+            small.add(f"user-{n}", [f"m{n}"], [f"memory number {n} about monitors"])
+        assert len(small._conns) == 3
+        assert [m for m, _ in small.search("user-0", "monitors", limit=5)] == ["m0"]  # reopened
+        assert len(small._conns) == 3
