@@ -115,19 +115,30 @@ def test_the_same_process_may_open_a_dir_twice(tmp_path: Path) -> None:
 
 
 MANY_USERS = r"""
-import json, os, resource, sys
+import json, os, resource, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 from hybridmem import Memory, Settings
 
-def descriptors():
-    index = 0  # embedded Chroma's HNSW index files (its own cache, sized from the limit)
-    total = os.listdir("/proc/self/fd")
+def sample():
+    index = pool = 0  # embedded Chroma's HNSW index files (its cache, sized from the limit) and
+    total = os.listdir("/proc/self/fd")  # its SQLite pool (which grows with concurrent calls)
     for fd in total:
         try:
-            index += os.readlink(f"/proc/self/fd/{fd}").endswith(".bin")
+            target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass
-    return {"total": len(total), "chroma_index": index}
+            continue
+        index += target.endswith(".bin")
+        pool += target.endswith("chroma.sqlite3")
+    return {"total": len(total), "chroma_index": index, "chroma_pool": pool}
+
+def descriptors():
+    # the fewest of a few samples: a background thread (access counts, the record cache's load)
+    # may hold a file for a moment; what stays open is what must not grow
+    found = []
+    for _ in range(5):
+        found.append(sample())
+        time.sleep(0.1)
+    return min(found, key=lambda c: c["total"])
 
 with Memory(Settings(data_dir=sys.argv[1], embedder="hash", max_open_users=8)) as mem:
     for n in range(400):
@@ -149,7 +160,7 @@ def test_open_files_stay_flat_as_users_grow_under_a_low_file_limit(tmp_path: Pat
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     counts = [json.loads(line) for line in done.stdout.splitlines()]
-    ours = [c["total"] - c["chroma_index"] for c in counts]
+    ours = [c["total"] - c["chroma_index"] - c["chroma_pool"] for c in counts]
     assert len(counts) == 4 and ours[-1] == ours[0], counts
     assert max(c["chroma_index"] for c in counts) <= _chroma.CHROMA_FILE_SHARE * 128, counts
     assert counts[-1]["total"] < 128, counts

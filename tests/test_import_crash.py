@@ -86,6 +86,10 @@ def test_an_overwriting_import_killed_at_random_is_all_or_nothing(tmp_path: Path
     path.write_text(json.dumps(bundles))
     with Memory(_settings(data_dir)) as mem:
         mem.import_("u", bundles["alpha"])
+        started = time.monotonic()  # one overwriting import, timed on this machine now
+        mem.import_("u", bundles["beta"], overwrite=True)
+        took = time.monotonic() - started
+        mem.import_("u", bundles["alpha"], overwrite=True)
         assert _state(mem, data_dir) == "alpha"
     seen = set()
     previous = "alpha"
@@ -96,7 +100,9 @@ def test_an_overwriting_import_killed_at_random_is_all_or_nothing(tmp_path: Path
                                     stdout=subprocess.PIPE, stderr=stderr, text=True)
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", errors.read_text()
-        time.sleep(rng.uniform(0.0, 4.0))
+        # kills spread over the first four imports (beta, alpha, beta, alpha), in units of the
+        # measured import time, so they land at different points on a busy machine too
+        time.sleep(took * (0.3 + 0.45 * trial + rng.uniform(0.0, 0.1)))
         proc.send_signal(signal.SIGKILL)
         said = [line.split() for line in proc.stdout.read().splitlines() if line.strip()]
         proc.wait(timeout=60)
