@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
 
 __all__ = [
+    "FILES_PER_INDEX",
     "HNSW_SYNC_THRESHOLD",
     "CollectionHandles",
     "close_client",
@@ -92,14 +93,22 @@ def scrub_freed_heap() -> bool:
 CHROMA_FILE_SHARE = 0.25
 
 
+#: Open files one HNSW index holds in embedded Chroma's cache (4 data files, 1 metadata file):
+#: Chroma caches ``RLIMIT_NOFILE // FILES_PER_INDEX`` indexes, each loaded in RAM.
+FILES_PER_INDEX = 5
+
+
 @contextmanager
-def _file_budget(share: float) -> Iterator[None]:
-    """Let embedded Chroma see only ``share`` of the open-file limit while it starts.
+def _file_budget(share: float, cap: int | None = None) -> Iterator[None]:
+    """Let embedded Chroma see only ``share`` of the open-file limit (and at most ``cap`` files)
+    while it starts.
 
     Why: Chroma sizes its HNSW file cache (4 open files per collection) from ``RLIMIT_NOFILE`` at
     client creation, as if the whole process were its own, so with one collection per user the
     process ran out of descriptors (seen at ~200 users under ``ulimit -n 1024``). The soft limit is
-    lowered for the duration of the constructor only and restored at once."""
+    lowered for the duration of the constructor only and restored at once. ``cap`` also bounds
+    its RAM: every cached index is loaded in memory, so under ``ulimit -n 20000`` Chroma kept up to
+    1,000 users' indexes and RSS grew with every user searched (1.5 GB at 1k users, 2.2 GB at 2k)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - not POSIX
@@ -109,7 +118,8 @@ def _file_budget(share: float) -> Iterator[None]:
     if soft == resource.RLIM_INFINITY or soft < 64:
         yield
         return
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(64, int(soft * share)), hard))
+    lowered = int(soft * share) if cap is None else min(int(soft * share), cap)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(64, lowered), hard))
     try:
         yield
     finally:
@@ -126,8 +136,11 @@ def file_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def make_client(*, path: Path | None = None, url: str | None = None) -> ClientAPI:
-    """An embedded (``path``) or server (``url``) Chroma client with telemetry off.
+def make_client(
+    *, path: Path | None = None, url: str | None = None, max_indexes: int | None = None
+) -> ClientAPI:
+    """An embedded (``path``) or server (``url``) Chroma client with telemetry off; an embedded
+    one keeps at most ``max_indexes`` HNSW indexes open and loaded (never fewer than 12).
 
     Exactly one of ``path`` and ``url``. A server is contacted at once, so an unreachable one fails
     here with a :class:`StorageError`."""
@@ -150,7 +163,8 @@ def make_client(*, path: Path | None = None, url: str | None = None) -> ClientAP
             )
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
-        with _file_budget(CHROMA_FILE_SHARE):
+        cap = None if max_indexes is None else max_indexes * FILES_PER_INDEX
+        with _file_budget(CHROMA_FILE_SHARE, cap):
             return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
     except Exception as exc:
         where = f"the Chroma server at {url}" if url is not None else f"the Chroma store at {path}"

@@ -100,11 +100,12 @@ class ChromaVectorStore:
     ) -> None:
         if scrub_heap and url is None:
             _chroma.scrub_freed_heap()
-        client = _chroma.make_client(path=path, url=url)
+        indexes = 2 * max_open  # each open user's main and archive collections
+        client = _chroma.make_client(path=path, url=url, max_indexes=indexes)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
         self._handles = _chroma.CollectionHandles(
-            client, hint=hint, max_open=max_open,
-            reopen=None if url is not None else lambda: _chroma.make_client(path=path),
+            client, hint=hint, max_open=max_open, reopen=None if url is not None
+            else lambda: _chroma.make_client(path=path, max_indexes=indexes),
         )
         self._path = None if url is not None else path
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"

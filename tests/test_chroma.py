@@ -184,3 +184,46 @@ def test_failures_become_storage_errors_naming_user_and_operation(
 
 def test_scrub_freed_heap_reports_whether_it_could() -> None:
     assert isinstance(_chroma.scrub_freed_heap(), bool)
+
+
+def _open_index_files(root: Path) -> int:
+    """HNSW index files of the Chroma store under ``root`` that this process holds open."""
+    fds = Path("/proc/self/fd")
+    found = 0
+    for fd in fds.iterdir():
+        try:
+            target = Path(fd.readlink())
+        except OSError:
+            continue
+        found += target.suffix == ".bin" and root in target.parents
+    return found
+
+
+def _index_files_after_searching(root: Path, collections: int, max_indexes: int | None) -> int:
+    import numpy as np
+
+    client = _chroma.make_client(path=root, max_indexes=max_indexes)
+    rng = np.random.default_rng(7)
+    try:
+        for n in range(collections):
+            col = _chroma.create_collection(client, f"user-{n:03d}", {"n": n})
+            col.add(ids=[str(i) for i in range(50)],
+                    embeddings=rng.random((50, 8)).astype(np.float32))
+            col.query(query_embeddings=rng.random((1, 8)).astype(np.float32), n_results=3)
+        return _open_index_files(root)
+    finally:
+        _chroma.close_client(client)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_max_indexes_shrinks_embedded_chromas_index_cache(tmp_path: Path) -> None:
+    """Chroma caches ``RLIMIT_NOFILE // 5`` indexes, each with 4 open files and its vectors in
+    RAM; max_indexes lowers what it sees. (Chroma 1.5 does not hold its cache exactly to that
+    size: open index files still grow, more slowly — see bench/README.md.)"""
+    limit = _chroma.file_limit()
+    if limit is None or limit * _chroma.CHROMA_FILE_SHARE < 60 * _chroma.FILES_PER_INDEX:
+        pytest.skip("the file limit already bounds Chroma's cache below 60 indexes")
+    uncapped = _index_files_after_searching(tmp_path / "uncapped", 60, None)
+    capped = _index_files_after_searching(tmp_path / "capped", 60, 4)
+    assert uncapped >= 60 * 4  # every index searched stays open
+    assert capped < uncapped * 3 // 4
