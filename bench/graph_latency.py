@@ -6,7 +6,10 @@ batches of 20 as episodes), then times what ``Retriever.search`` asks of the gra
 ``activation`` from 10 seed memories (the best hits; here memories that mention an entity of the
 query, else random ones, masses 1 ... 0.1), the rest of the candidates (:data:`CANDIDATES` in
 all, mass 0: query focus may lift them, as ``ranking.graph_seeds`` passes every candidate) and
-the query's own entities. Beside it, the previous
+the query's own entities, with the topic signal (Settings ``graph_topic``; the query's cosine to
+node names, as ``hybridmem.retrieval.NameVectors`` computes it with every name embedded beforehand, as a
+user's names are after their first searches: that one-off cost is printed apart) and without
+it. Beside it, the previous
 graph step (``entities_in`` + ``neighbourhood`` of the query and of the seeds' entities), so the
 two can be compared in the same run. Prints a table; writes JSON to bench/results/.
 
@@ -24,7 +27,10 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -36,6 +42,24 @@ SEEDS = 10
 #: Candidates a search hands the graph (vector top 50 and lexical top 50, about half shared).
 CANDIDATES = 80
 BATCH = 20
+
+
+class NameCosines:
+    """What ``hybridmem.retrieval.NameVectors.similar`` does once every name is cached (a face
+    may not import it): a dict lookup per name, one stacked matrix, one product."""
+
+    def __init__(self, vectors: list[list[float]], names: list[str]) -> None:
+        rows = np.asarray(vectors, dtype=np.float32)
+        rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        self.vectors = dict(zip(names, rows, strict=True))
+
+    def similar(self, query: Sequence[float], names: Sequence[str]) -> list[float]:
+        q = np.asarray(query, dtype=np.float32)
+        q /= max(float(np.linalg.norm(q)), 1e-12)
+        unique = list(dict.fromkeys(names))
+        sims = dict(zip(unique, (np.stack([self.vectors[n] for n in unique]) @ q).tolist(),
+                        strict=True))
+        return [sims[n] for n in names]
 
 
 def p(values: list[float], q: float) -> float:
@@ -50,10 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
+    from hybridmem.config import Settings
     from hybridmem.extract import RuleExtractor
     from hybridmem.graph import NetworkXGraphStore
+    from hybridmem.offline import LocalEmbedder
 
     world, rules, rows = World(), RuleExtractor(), []
+    embedder = LocalEmbedder()
+    topic = float(Settings.model_fields["graph_topic"].default or 0.45)
     for size in (int(s) for s in args.sizes.split(",")):
         store, user = NetworkXGraphStore(None), "bench"
         texts = world.sentences(size, seed=size)
@@ -63,9 +91,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             store.add_extractions(user, [(m, rules.extract(t, speaker=user))
                                          for m, t in zip(ids[lo:lo + BATCH], texts[lo:lo + BATCH])])
         build_s = time.perf_counter() - t0
+        everything = [e.name for e in store.entities(user)]
+        t0 = time.perf_counter()
+        names = NameCosines(embedder.embed_batch(everything), everything)
+        names_s = time.perf_counter() - t0
         rng = random.Random(size)
         queries = world.questions(args.queries, seed=size + 1)
-        new_ms, old_ms = [], []
+        qvecs = embedder.embed_batch(queries)
+        new_ms: list[float] = []
+        old_ms: list[float] = []
+        topic_ms: list[float] = []
         for q in queries:
             named = store.entities_in(user, q)
             near = list(store.neighbourhood(user, named, hops=0)) if named else []
@@ -76,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             store.activation(user, seeds, q, hops=1)
             new_ms.append((time.perf_counter() - t0) * 1000)
+            qvec = qvecs[len(topic_ms)]
+            t0 = time.perf_counter()
+            store.activation(user, seeds, q, hops=1, topic=topic,
+                             similar=partial(names.similar, qvec))
+            topic_ms.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
             found = store.entities_in(user, q)
             if found:
@@ -86,17 +126,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             old_ms.append((time.perf_counter() - t0) * 1000)
         rows.append({
             "memories": size, "nodes": len(store.entities(user)),
-            "relations": len(store.relations(user)), "build_s": build_s,
+            "relations": len(store.relations(user)), "build_s": build_s, "names_s": names_s,
             "activation_p50_ms": statistics.median(new_ms), "activation_p95_ms": p(new_ms, 0.95),
+            "topic_p50_ms": statistics.median(topic_ms), "topic_p95_ms": p(topic_ms, 0.95),
             "old_expand_p50_ms": statistics.median(old_ms), "old_expand_p95_ms": p(old_ms, 0.95),
         })
     machine = machine_info(["networkx"])
     print(f"load average {machine['loadavg']}")
-    print("\n| memories | nodes | relations | activation p50 / p95 ms | previous expansion p50 / p95 ms |")
-    print("|---|---|---|---|---|")
+    print("\n| memories | nodes | relations | activation p50 / p95 ms | with topic p50 / p95 ms "
+          "| names embedded once, s | previous expansion p50 / p95 ms |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['memories']:,} | {r['nodes']:,} | {r['relations']:,} | "
               f"{r['activation_p50_ms']:.2f} / {r['activation_p95_ms']:.2f} | "
+              f"{r['topic_p50_ms']:.2f} / {r['topic_p95_ms']:.2f} | {r['names_s']:.1f} | "
               f"{r['old_expand_p50_ms']:.2f} / {r['old_expand_p95_ms']:.2f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"provenance": git_info(), "machine": machine, "rows": rows},

@@ -78,6 +78,7 @@ RANKING_FIELDS = (
     "graph_episodic",
     "graph_focus",
     "graph_session",
+    "graph_topic",
     "fusion",
 )
 

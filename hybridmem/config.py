@@ -126,6 +126,12 @@ class Settings(BaseSettings):
         description="Share of a hit's activation spread evenly over the other memories of its "
         "conversation (up to 24 each side along the episodic links; 0: off).",
     )
+    graph_topic: float = Field(
+        default=0.45, ge=0, le=2,
+        description="Graph signal per unit of cosine between the query and the closest entity "
+        "or concept name of a memory that names the query's entities (0: off); see "
+        "hybridmem.graphrank.",
+    )
     graph_speakers: bool = Field(
         default=True,
         description="The rule extractor links a conversation turn (\"Name: ...\") to its speaker "

@@ -55,7 +55,7 @@ from hybridmem._graphio import (
 )
 from hybridmem._graphstate import LOG_FILE, Links, UserGraph, stamp_of
 from hybridmem._keylocks import KeyedLocks
-from hybridmem.graphrank import EPISODIC, FOCUS, SESSION, activate
+from hybridmem.graphrank import EPISODIC, FOCUS, SESSION, TOPIC, Similar, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
 from hybridmem.text import words
@@ -459,18 +459,19 @@ class NetworkXGraphStore:
 
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
-        episodic: float = EPISODIC,
+        episodic: float = EPISODIC, topic: float = TOPIC, similar: Similar | None = None,
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
         (id, mass) and the entities ``query`` names, over entities and episodic links (see
-        :mod:`hybridmem.graphrank`). Costs O(seeds x their entities' memories), bounded."""
+        :mod:`hybridmem.graphrank`); ``similar`` (node names -> cosine to the query) adds the
+        topic signal of weight ``topic``. Costs O(seeds x their entities' memories), bounded."""
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
         with self._locked(user_id):
             named = self.entities_in(user_id, query)
             return activate(
                 self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
-                session=self.session
+                session=self.session, topic=topic, similar=similar
             )
 
     def _hub(self, st: UserGraph, key: str) -> bool:

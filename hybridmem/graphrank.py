@@ -35,6 +35,16 @@ spreading, but still the best filter among the hits. Focus never brings a memory
 only memories among the seeds (every candidate, with mass 0 beyond the best few) or reached by
 the spread get it.
 
+*Topic* (``topic``, Settings ``graph_topic``; needs ``similar``, the cosine of the query's
+embedding to node names, which the read path computes from name vectors it caches): focus lifts
+all of a person's turns alike, but a question about one person asks about one topic of theirs
+("what activities does Melanie do?" against "Melanie: I signed up for a pottery class"). So a
+memory of the pool that gets focus (or any memory of the pool when the query names no known
+entity) also gets ``topic * max(0, max_e cos(query, name(e)))`` over its entities and concepts
+``e`` other than the query's own (and never dates or amounts): a concept's short name is a
+sharper statement of a turn's topic than the whole turn's vector, which the vector signal
+already counts. Like focus it never brings a memory in by itself.
+
 The result is ordered by signal, ties by memory id, so that a caller that keeps the first ``n``
 picks the same memories in an export/import copy of the user.
 """
@@ -42,7 +52,7 @@ picks the same memories in an export/import copy of the user.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridmem._graphstate import UserGraph
 
@@ -54,6 +64,7 @@ __all__ = [
     "SESSION",
     "SESSION_SPAN",
     "STEP_DAMPING",
+    "TOPIC",
     "UNEXPANDED_TYPES",
     "activate",
 ]
@@ -66,6 +77,10 @@ FOCUS = 0.4
 SESSION = 1.0
 #: Memories on each side of a seed, along its episodic chain, that the session share reaches.
 SESSION_SPAN = 24
+#: Graph signal per unit of cosine between the query and a memory's closest node name (see above).
+TOPIC = 0.45
+#: Similarity of the query to node names (one float a name, in the names' order).
+Similar = Callable[[Sequence[str]], Sequence[float]]
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -90,10 +105,13 @@ def activate(
     focus: float = FOCUS,
     session: float = SESSION,
     session_span: int = SESSION_SPAN,
+    topic: float = TOPIC,
+    similar: Similar | None = None,
 ) -> Reached:
     """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
     keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
-    of mass 0 do not spread but may get query focus."""
+    of mass 0 do not spread but may get query focus and topic. ``similar`` (names -> cosine to
+    the query) enables the topic signal of weight ``topic``."""
     g = st.graph
     total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
     log_n = math.log(total + 1)
@@ -172,14 +190,37 @@ def activate(
                             reached[m] = reached.get(m, 0.0) + share
         damping *= STEP_DAMPING
         frontier = [(m, x, path[m]) for m, x in reached.items()]
+    named = [k for k in dict.fromkeys(query_entities)
+             if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
+    pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]
     if focus > 0:
-        named = [k for k in dict.fromkeys(query_entities)
-                 if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
-        pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]
         for key in named:
             mids, name = g.nodes[key]["memory_ids"], g.nodes[key]["name"]
             for m in pool:
                 if m in mids:
                     give(m, focus / len(named), f"{name} (named in the query)", 0)
+    if topic > 0 and similar is not None:
+        _topic(st, pool, named, topic, similar, give)
     order = sorted(score, key=lambda m: (-score[m], m))
     return {m: (score[m], hop[m], path[m]) for m in order}
+
+
+def _topic(st: UserGraph, pool: Sequence[str], named: Sequence[str], topic: float,
+           similar: Similar, give: Callable[[str, float, str, int], None]) -> None:
+    """The topic signal (see the module docstring): each memory of the pool that names the
+    query's entities (all of the pool when it names none) gets ``topic`` times the best cosine
+    between the query and the names of its other nodes. One ``similar`` call for the pool."""
+    g, own = st.graph, set(named)
+    if own:
+        pool = [m for m in pool if not own.isdisjoint(st.mem_nodes[m])]
+    keys = sorted({k for m in pool for k in st.mem_nodes[m]
+                   if k not in own and g.nodes[k]["type"] not in UNEXPANDED_TYPES})
+    if not keys:
+        return
+    sims = dict(zip(keys, similar([g.nodes[k]["name"] for k in keys]), strict=True))
+    for m in pool:
+        near = [(sims[k], k) for k in st.mem_nodes[m] if k in sims]
+        if near:
+            cos, key = max(near)
+            if cos > 0:
+                give(m, topic * cos, f"{g.nodes[key]['name']} (close to the query's topic)", 0)

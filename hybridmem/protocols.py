@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -258,10 +258,13 @@ class GraphStore(Protocol):
 
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
-        episodic: float = 0.5,
+        episodic: float = 0.5, topic: float = 0.45,
+        similar: Callable[[Sequence[str]], Sequence[float]] | None = None,
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
-        (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`)."""
+        (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`);
+        ``similar`` maps node names to their cosine with the query, for the topic signal of
+        weight ``topic`` (a store may ignore both)."""
         ...
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> builtins.list[str]:

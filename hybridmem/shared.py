@@ -42,7 +42,7 @@ from hybridmem._files import user_key
 from hybridmem._graphstate import Links
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
-from hybridmem.graphrank import FOCUS, SESSION
+from hybridmem.graphrank import FOCUS, SESSION, TOPIC, Similar
 from hybridmem.lexical import SqliteLexicalIndex
 from hybridmem.models import (
     Entity,
@@ -348,10 +348,11 @@ class ChromaGraphStore(_ServerCache):
 
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
-        episodic: float = 0.5,
+        episodic: float = 0.5, topic: float = TOPIC, similar: Similar | None = None,
     ) -> dict[str, tuple[float, int, str]]:
         with self._sync(user_id).lock:
-            return self._cache.activation(user_id, seeds, query, hops=hops, episodic=episodic)
+            return self._cache.activation(user_id, seeds, query, hops=hops, episodic=episodic,
+                                          topic=topic, similar=similar)
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         with self._sync(user_id).lock:

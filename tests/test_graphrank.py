@@ -4,7 +4,7 @@ memories of one batch, IDF-like specificity, attributes that are never bridges, 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import networkx as nx
@@ -144,3 +144,32 @@ def test_an_add_declares_its_links_and_a_reload_replays_them(tmp_path: Path) -> 
         assert s.activation("u", [("y", 1.0)], "", hops=1) == {}
         assert set(s.activation("u", [("p", 1.0)], "", hops=1)) == {"r"}
         assert set(s.activation("u", [("q", 1.0)], "", hops=1)) == set()
+
+
+def test_topic_prefers_the_turn_whose_concepts_are_close_to_the_question(tmp_path: Path) -> None:
+    """Focus lifts every turn of Melanie's alike; the topic signal (the query's cosine to a
+    turn's concept names, real MiniLM vectors) puts her pottery class above her tax return for a
+    question about her hobbies; it never touches Caroline's turn nor brings a memory in."""
+    from hybridmem.retrieval import NameVectors
+
+    store = NetworkXGraphStore(tmp_path, focus=0.4, session=0.0)
+    store.add_extractions("u", [
+        ("t1", ents(("Melanie", "person"), ("pottery class", "concept"))),
+        ("t2", ents(("Melanie", "person"), ("tax return", "concept"))),
+        ("t3", ents(("Caroline", "person"), ("painting class", "concept"))),
+    ], links=False)
+    query = "What hobbies does Melanie have?"
+    names = NameVectors(LocalEmbedder().embed_batch)
+    qvec = LocalEmbedder().embed_batch([query])[0]
+
+    def similar(texts: Sequence[str]) -> list[float]:
+        return names.similar(qvec, texts)
+
+    hits = [("t1", 0.0), ("t2", 0.0), ("t3", 0.0)]
+    plain = store.activation("u", hits, query, hops=1, episodic=0.0)
+    assert plain["t1"][0] == plain["t2"][0] and "t3" not in plain  # focus: both alike
+    found = store.activation("u", hits, query, hops=1, episodic=0.0, topic=0.3, similar=similar)
+    assert set(found) == set(plain)  # the same memories: Caroline's turn gets nothing
+    assert found["t1"][0] > found["t2"][0] > plain["t2"][0]
+    assert store.activation("u", hits, query, hops=1, episodic=0.0, topic=0.0,
+                            similar=similar) == plain
