@@ -22,6 +22,8 @@ Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) an
 
 from __future__ import annotations
 
+import os
+
 import ctypes
 import re
 import shutil
@@ -119,11 +121,21 @@ def _file_budget(share: float, cap: int | None = None) -> Iterator[None]:
         yield
         return
     lowered = int(soft * share) if cap is None else min(int(soft * share), cap)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(64, lowered), hard))
+    # never below what is open already (plus room), or the constructor's own opens fail
+    lowered = min(soft, max(64, lowered, _open_descriptors() + 64))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _open_descriptors() -> int:
+    """How many files this process has open (0 where /proc is not there to tell)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
 
 
 def file_limit() -> int | None:

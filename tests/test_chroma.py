@@ -186,44 +186,64 @@ def test_scrub_freed_heap_reports_whether_it_could() -> None:
     assert isinstance(_chroma.scrub_freed_heap(), bool)
 
 
-def _open_index_files(root: Path) -> int:
-    """HNSW index files of the Chroma store under ``root`` that this process holds open."""
-    fds = Path("/proc/self/fd")
-    found = 0
-    for fd in fds.iterdir():
-        try:
-            target = Path(fd.readlink())
-        except OSError:
-            continue
-        found += target.suffix == ".bin" and root in target.parents
-    return found
-
-
-def _index_files_after_searching(root: Path, collections: int, max_indexes: int | None) -> int:
-    import numpy as np
-
-    client = _chroma.make_client(path=root, max_indexes=max_indexes)
-    rng = np.random.default_rng(7)
+#: Searches 60 collections of one embedded store, then prints the HNSW index files it holds open.
+_SEARCH_MANY = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+from hybridmem import _chroma
+root, cap = Path(sys.argv[1]), None if sys.argv[2] == "none" else int(sys.argv[2])
+client = _chroma.make_client(path=root, max_indexes=cap)
+rng = np.random.default_rng(7)
+for n in range(60):
+    col = _chroma.create_collection(client, f"user-{n:03d}", {"n": n})
+    col.add(ids=[str(i) for i in range(50)], embeddings=rng.random((50, 8)).astype(np.float32))
+    col.query(query_embeddings=rng.random((1, 8)).astype(np.float32), n_results=3)
+opened = 0
+for fd in os.listdir("/proc/self/fd"):
     try:
-        for n in range(collections):
-            col = _chroma.create_collection(client, f"user-{n:03d}", {"n": n})
-            col.add(ids=[str(i) for i in range(50)],
-                    embeddings=rng.random((50, 8)).astype(np.float32))
-            col.query(query_embeddings=rng.random((1, 8)).astype(np.float32), n_results=3)
-        return _open_index_files(root)
-    finally:
-        _chroma.close_client(client)
+        opened += os.readlink(f"/proc/self/fd/{fd}").endswith(".bin")
+    except OSError:
+        pass
+print(opened)
+"""
+
+
+def _index_files_after_searching(root: Path, max_indexes: int | None) -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SEARCH_MANY, str(root), str(max_indexes).lower()],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_max_indexes_shrinks_embedded_chromas_index_cache(tmp_path: Path) -> None:
     """Chroma caches ``RLIMIT_NOFILE // 5`` indexes, each with 4 open files and its vectors in
-    RAM; max_indexes lowers what it sees. (Chroma 1.5 does not hold its cache exactly to that
-    size: open index files still grow, more slowly — see bench/README.md.)"""
+    RAM; max_indexes lowers what it sees (each variant in a fresh process, so the descriptors
+    open before do not count). Chroma 1.5 does not hold its cache exactly to that size: open
+    index files still grow, more slowly."""
     limit = _chroma.file_limit()
     if limit is None or limit * _chroma.CHROMA_FILE_SHARE < 60 * _chroma.FILES_PER_INDEX:
         pytest.skip("the file limit already bounds Chroma's cache below 60 indexes")
-    uncapped = _index_files_after_searching(tmp_path / "uncapped", 60, None)
-    capped = _index_files_after_searching(tmp_path / "capped", 60, 4)
+    uncapped = _index_files_after_searching(tmp_path / "uncapped", None)
+    capped = _index_files_after_searching(tmp_path / "capped", 4)
     assert uncapped >= 60 * 4  # every index searched stays open
     assert capped < uncapped * 3 // 4
+
+
+def test_chroma_starts_when_more_files_are_open_than_its_budget(tmp_path: Path) -> None:
+    """The budget never goes below the descriptors already open (a server holding many sockets
+    must still open its store)."""
+    held = [open(tmp_path / f"f{n}", "w") for n in range(150)]  # noqa: SIM115
+    try:
+        client = _chroma.make_client(path=tmp_path / "store", max_indexes=4)
+        col = _chroma.create_collection(client, "user-000", {"n": 0})
+        col.add(ids=["a"], embeddings=[[0.1, 0.2]])
+        assert col.count() == 1
+        _chroma.close_client(client)
+    finally:
+        for f in held:
+            f.close()
