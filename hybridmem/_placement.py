@@ -68,6 +68,15 @@ def over(record: Record, old: Mapping[str, Any] | None) -> Metadata:
     return {**{k: None for k in old or {} if k not in record}, **record}
 
 
+#: Records per Chroma write call: Chroma refuses a batch over its ``max_batch_size`` (5,461 with
+#: its SQLite here), so an ``add_many``, an import or an access-count flush of more goes in parts.
+WRITE_BATCH = 1000
+
+
+def _parts(picked: Sequence[int]) -> list[Sequence[int]]:
+    return [picked[lo : lo + WRITE_BATCH] for lo in range(0, len(picked), WRITE_BATCH)]
+
+
 def put(collection: Collection, archive: bool, placed: Placed, ids: Sequence[str],
         records: Sequence[Record], *, documents: Sequence[str],
         embeddings: Any) -> None:
@@ -76,22 +85,23 @@ def put(collection: Collection, archive: bool, placed: Placed, ids: Sequence[str
     our vectors, or those Chroma returned for a move (lists or numpy rows)."""
     fresh = [n for n, i in enumerate(ids) if archive not in placed.get(i, {})]
     known = [n for n, i in enumerate(ids) if archive in placed.get(i, {})]
-    if fresh:
-        collection.add(ids=[ids[n] for n in fresh], documents=[documents[n] for n in fresh],
-                       embeddings=[embeddings[n] for n in fresh],
-                       metadatas=[stored(records[n]) for n in fresh])
-    if known:
+    for part in _parts(fresh):
+        collection.add(ids=[ids[n] for n in part], documents=[documents[n] for n in part],
+                       embeddings=[embeddings[n] for n in part],
+                       metadatas=[stored(records[n]) for n in part])
+    for part in _parts(known):
         collection.upsert(
-            ids=[ids[n] for n in known], documents=[documents[n] for n in known],
-            embeddings=[embeddings[n] for n in known],
-            metadatas=[over(records[n], placed[ids[n]][archive]) for n in known])
+            ids=[ids[n] for n in part], documents=[documents[n] for n in part],
+            embeddings=[embeddings[n] for n in part],
+            metadatas=[over(records[n], placed[ids[n]][archive]) for n in part])
 
 
 def refresh(collection: Collection, archive: bool, placed: Placed, ids: Sequence[str],
             records: Sequence[Record]) -> None:
     """Replace the metadata of records ``collection`` holds (documents and vectors stay)."""
-    collection.update(ids=list(ids), metadatas=[
-        over(r, placed.get(i, {}).get(archive)) for i, r in zip(ids, records)])
+    for part in _parts(range(len(ids))):
+        collection.update(ids=[ids[n] for n in part], metadatas=[
+            over(records[n], placed.get(ids[n], {}).get(archive)) for n in part])
 
 
 def moved_out(placed: Placed, ids: Sequence[str], archive: bool) -> list[str]:

@@ -137,6 +137,22 @@ def test_a_write_replaces_what_another_store_wrote_before(
     assert third.get(unique_user, ["m", "s"]) == [new, back]
 
 
+def test_writes_larger_than_chromas_batch_limit_land_whole(
+    store_factory: Factory, unique_user: str
+) -> None:
+    """Chroma refuses a batch over its max_batch_size (5,461 here): a bigger add, upsert or
+    metadata update is written in parts, and all of it lands."""
+    store = store_factory()
+    many = [item(unique_user, f"m{n:05d}", f"note {n} about gadget {n}") for n in range(6000)]
+    put(store, many)
+    assert store.count(unique_user) == 6000
+    store.update(unique_user, [m.model_copy(update={"access_count": 3}) for m in many])
+    got = store.get(unique_user, [many[0].id, many[-1].id])
+    assert [g.access_count for g in got] == [3, 3]
+    put(store, many[:5500] + [item(unique_user, "extra", "one more note")])  # known and fresh ids
+    assert store.count(unique_user) == 6001
+
+
 def test_delete_drop_and_users_are_isolated(store_factory: Factory, unique_user: str) -> None:
     store = store_factory()
     a, b = unique_user + "a", unique_user + "b"
