@@ -142,12 +142,16 @@ def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[t
     return [(m, s / unit if i < n and s > 0 else 0.0) for i, (m, s) in enumerate(scored)]
 
 
-def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate, ScoreBreakdown]]:
+def fuse(candidates: list[Candidate], weights: Weights,
+         limit: int | None = None) -> list[tuple[Candidate, ScoreBreakdown]]:
     """Score and sort candidates, best first; ties in memory-id order, so that a copy of a user
-    (export, import) ranks exactly as the original, whatever order its stores list memories in."""
+    (export, import) ranks exactly as the original, whatever order its stores list memories in.
+    With ``limit``, only the ``limit`` best are returned — the same as slicing the full result —
+    and only they get a :class:`ScoreBreakdown` (a search scores a few hundred candidates to
+    return ten; building a pydantic model for each of the others was most of fusion's cost)."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
     recency_w = min(max(weights.recency, 0.0), 1.0)
-    scored = []
+    scored: list[tuple[float, str, Candidate, float | None]] = []
     for c in candidates:
         recency = None if c.age_days is None else decay(c.age_days, weights.half_life_days)
         score = _base(c, weights, max_lexical)
@@ -155,7 +159,12 @@ def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate,
             score *= 1.0 - recency_w + recency_w * recency
         score *= 1.0 + weights.importance * (c.importance - 0.5)
         score *= 0.5 + 0.5 * c.confidence
-        breakdown = ScoreBreakdown(
+        scored.append((score, c.memory_id, c, recency))
+    scored.sort(key=lambda row: (-row[0], row[1]))
+    if limit is not None:
+        del scored[max(limit, 0):]
+    return [
+        (c, ScoreBreakdown(
             vector=c.vector,
             vector_rank=c.vector_rank,
             lexical=c.lexical,
@@ -168,10 +177,9 @@ def fuse(candidates: list[Candidate], weights: Weights) -> list[tuple[Candidate,
             importance=c.importance,
             confidence=c.confidence,
             fused=score,
-        )
-        scored.append((c, breakdown))
-    scored.sort(key=lambda pair: (-pair[1].fused, pair[0].memory_id))
-    return scored
+        ))
+        for score, _id, c, recency in scored
+    ]
 
 
 def _age(days: float) -> str:

@@ -228,7 +228,7 @@ class Retriever:
             c = cands[memory_id]
             c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
             c.importance, c.confidence = item.importance, item.confidence
-        ranked = fuse(list(cands.values()), w)[:limit]
+        ranked = fuse(list(cands.values()), w, limit)
         return [
             Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
             for c, b in ranked

@@ -128,3 +128,22 @@ def test_graph_seeds_give_mass_to_the_best_few_and_list_every_candidate() -> Non
     cands = [Candidate("lo", vector=0.2), Candidate("hi", vector=0.8), Candidate("mid", vector=0.5)]
     seeds = graph_seeds(cands, Weights(), 2)
     assert seeds == [("hi", 0.8), ("mid", 0.5), ("lo", 0.0)]  # "lo": focus only, never spreads
+
+
+_maybe = st.none() | st.floats(0, 5, allow_nan=False)
+_candidates = st.lists(
+    st.builds(Candidate, memory_id=st.text("abcdef", min_size=1, max_size=3), vector=_maybe,
+              lexical=_maybe, graph=_maybe, age_days=st.none() | st.floats(0, 1e3),
+              importance=st.floats(0, 1), confidence=st.floats(0, 1)),
+    max_size=40, unique_by=lambda c: c.memory_id)
+
+
+@given(_candidates, st.integers(0, 50), st.sampled_from(["weighted", "rrf"]))
+def test_fuse_with_a_limit_is_the_full_ranking_cut(cands: list[Candidate], limit: int,
+                                                   fusion: str) -> None:
+    """Breakdowns are built only for the returned candidates; the ranking itself is the same."""
+    weights = Weights(fusion=fusion, recency=0.5, importance=0.3)  # type: ignore[arg-type]
+    full = fuse(cands, weights)
+    cut = fuse(cands, weights, limit)
+    assert [(c.memory_id, b) for c, b in cut] == [(c.memory_id, b) for c, b in full[:limit]]
+    assert len(cut) == min(limit, len(cands))
