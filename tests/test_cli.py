@@ -155,6 +155,24 @@ def test_help_is_a_real_process_that_loads_no_model() -> None:
     assert "Usage" in done.stdout and done.stdout.strip().endswith("[]")
 
 
+@pytest.mark.parametrize(("command", "collects"), [("stats", False), ("reextract", True)])
+def test_one_shot_commands_run_without_the_garbage_collector(
+    tmp_path: Path, command: str, collects: bool
+) -> None:
+    """A real process through the console entry point: a one-shot command skips the cyclic GC
+    (its start builds objects that all live until exit), a command that may stay up keeps it."""
+    code = (
+        "import atexit, gc, sys; from hybridmem.cli import main\n"
+        "atexit.register(lambda: print('gc', gc.isenabled()))\n"
+        f"sys.argv = ['hybridmem', {command!r}, 'someone']\n"
+        "main()\n"
+    )
+    env = {**os.environ, "HYBRIDMEM_DATA_DIR": str(tmp_path / "hm"), "HYBRIDMEM_EMBEDDER": "hash"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.stdout.strip().splitlines()[-1] == f"gc {collects}", (done.stdout, done.stderr)
+
+
 # -- import -----------------------------------------------------------------------------------------
 def test_import_files_each_row_under_its_own_user(cli: CliRunner) -> None:
     shipped = ROOT / "data" / "memories.jsonl"
