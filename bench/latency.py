@@ -232,7 +232,7 @@ def machine_info() -> dict[str, Any]:
 # -- one size --------------------------------------------------------------------------------------
 def measure_size(
     size: int, *, world: World, embedder: Any, root: Path, n_queries: int, n_single: int,
-    profile_to: Path | None, reuse: bool = False,
+    profile_to: Path | None, reuse: bool = False, ingest_only: bool = False,
 ) -> dict[str, Any]:
     from hybridmem import Memory, Settings
 
@@ -258,11 +258,13 @@ def measure_size(
         return finish_size(out, data_dir, user)
 
     # Embedding alone, batched as add_many is, and one text at a time.
-    embed_s = 0.0
-    for start in range(0, size, BATCH):
-        embed_s += timed(lambda: embedder.embed_batch(texts[start : start + BATCH]))[0]
-    embed_single = [timed(lambda t=t: embedder.embed_batch([t]))[0] for t in singles]
-    log.info("n=%d: embedding alone %.1f s (%.0f texts/s)", size, embed_s, size / embed_s)
+    embed_s, embed_single = float("nan"), []
+    if not ingest_only:
+        embed_s = 0.0
+        for start in range(0, size, BATCH):
+            embed_s += timed(lambda: embedder.embed_batch(texts[start : start + BATCH]))[0]
+        embed_single = [timed(lambda t=t: embedder.embed_batch([t]))[0] for t in singles]
+        log.info("n=%d: embedding alone %.1f s (%.0f texts/s)", size, embed_s, size / embed_s)
 
     mem = Memory(settings, embedder=embedder)
     try:
@@ -293,6 +295,8 @@ def measure_size(
             "stored_after_single": mem.count(user),
         }
 
+        if ingest_only:  # a store for a later --reuse run; its add figures are not timing runs
+            return out
         read_path(mem, out, size=size, user=user, queries=queries, world=world,
                   embedder=embedder, data_dir=data_dir, settings=settings, profile_to=profile_to)
         out["add"]["stored_final"] = mem.count(user)
@@ -725,6 +729,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="with --work-dir: a size whose store exists is not re-ingested "
                              "(read path only)")
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="with --work-dir: build the stores of each size and stop (no read "
+                             "path, no lock needed); time them later with --reuse")
     parser.add_argument("--cold-runs", type=int, default=3,
                         help="cold start / CLI / bare-process runs at the largest size (0: skip)")
     parser.add_argument("--rest-seconds", type=float, default=20.0,
@@ -741,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--sizes wants integers, e.g. 1000,10000")
     if not sizes or min(sizes) < 1 or args.queries < 1 or args.single < 0:
         parser.error("sizes and --queries must be positive")
+    if args.ingest_only and args.work_dir is None:
+        parser.error("--ingest-only wants --work-dir (the stores are kept for --reuse)")
 
     from hybridmem.offline import LocalEmbedder
 
@@ -761,8 +770,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             row = measure_size(size, world=world, embedder=embedder, root=root,
                                n_queries=args.queries, n_single=args.single, profile_to=profile_to,
-                               reuse=args.reuse)
+                               reuse=args.reuse, ingest_only=args.ingest_only)
             row["seconds"] = time.perf_counter() - t0
+            if args.ingest_only:
+                log.info("n=%d: ingested into %s in %.0f s", size, root / f"n{size}",
+                         row["seconds"])
+                continue
             if size == sizes[-1] and args.cold_runs > 0:
                 row["cold"] = cold_and_service(
                     root / f"n{size}", f"bench-user-{size}", size,
@@ -772,6 +785,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             if args.work_dir is None:
                 shutil.rmtree(root / f"n{size}", ignore_errors=True)
+    if args.ingest_only:
+        return 0
     from hybridmem import Settings
 
     result = {
