@@ -26,8 +26,8 @@ from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
-__all__ = ["ACCESS_FLUSH", "EXTRAS_TTL", "GRAPH_SEED_HITS", "NAME_VECTORS", "QUERY_CACHE",
-           "AccessLog", "Extras", "NameVectors", "QueryBatcher", "Retriever"]
+__all__ = ["ACCESS_FLUSH", "ACCESS_SHARE", "EXTRAS_TTL", "GRAPH_SEED_HITS", "NAME_VECTORS",
+           "QUERY_CACHE", "AccessLog", "Extras", "NameVectors", "QueryBatcher", "Retriever"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
@@ -37,6 +37,9 @@ ACCESS_FLUSH = 512
 #: Seconds without a search that the write waits for, and the longest it waits (see AccessLog).
 ACCESS_IDLE = 0.25
 ACCESS_WAIT = 10.0
+#: Under load that never pauses, the share of the time the count writes may take at most: a forced
+#: write also waits ``1 / ACCESS_SHARE - 1`` times as long as the last write took (see AccessLog).
+ACCESS_SHARE = 0.1
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
 EXTRAS_TTL = 5.0
 #: Users whose answer is kept (the least recently asked beyond this are dropped).
@@ -276,8 +279,11 @@ class AccessLog:
     plus ~0.8 ms per memory), and searches that came meanwhile waited for it: the slowest 5 % of
     ``context()`` calls were exactly those. Smaller, more frequent updates spread the stall over
     more calls and cost twice as much in all, so the write stays one batch and moves to a quiet
-    moment; under load that never pauses it still happens every :data:`ACCESS_WAIT` s.
-    :meth:`close` writes what is left at once."""
+    moment; under load that never pauses it still happens every :data:`ACCESS_WAIT` s, or later
+    when the last write took long: at most :data:`ACCESS_SHARE` of the time goes to writing
+    counts. Chroma holds the GIL while it updates, so with 8 REST clients on one 10k user the
+    10 s writes (thousands of memories each) took a fifth of the server's GIL time; waiting
+    longer merges repeated accesses into one row each. :meth:`close` writes what is left at once."""
 
     def __init__(self, stores: Stores, lock_for: Callable[[str], Any]) -> None:
         self._stores = stores
@@ -287,6 +293,7 @@ class AccessLog:
         self._worker: threading.Thread | None = None
         self._last = time.monotonic()  # when the last search noted its hits
         self._hurry = threading.Event()  # set by close(): the rest is written now
+        self._spent = 0.0  # seconds the last write took
 
     def note(self, user_id: str, ids: Sequence[str], now: datetime) -> None:
         """Count one access of each id; a write is due when :data:`ACCESS_FLUSH` are buffered."""
@@ -305,9 +312,9 @@ class AccessLog:
 
     def _flush_in_background(self) -> None:
         try:
-            due = time.monotonic() + ACCESS_WAIT
+            due = time.monotonic() + max(ACCESS_WAIT, self._spent * (1 / ACCESS_SHARE - 1))
             while (quiet := time.monotonic() - self._last) < ACCESS_IDLE and time.monotonic() < due:
-                if self._hurry.wait(ACCESS_IDLE - quiet):
+                if self._hurry.wait(min(ACCESS_IDLE - quiet, due - time.monotonic())):
                     return  # close() writes everything
             self.flush()
         except Exception as exc:  # counts are a hint: never let them break anything
@@ -337,8 +344,11 @@ class AccessLog:
                 pending, self._pending = self._pending, {}
             else:
                 pending = {user_id: self._pending.pop(user_id)} if user_id in self._pending else {}
+        started = time.monotonic()
         for uid, seen in pending.items():
             self._write(uid, seen)
+        if pending:
+            self._spent = time.monotonic() - started
 
     def _write(self, uid: str, seen: dict[str, tuple[int, datetime]]) -> None:
         with self._lock_for(uid):

@@ -248,3 +248,30 @@ def test_access_counts_are_written_in_a_pause_of_the_searches(
     while time.monotonic() < deadline and mem.get("u", items[0].id).access_count == 0:
         time.sleep(0.1)  # the write is due and waits for 0.2 s without a search
     assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
+
+
+def test_a_slow_count_write_puts_off_the_next_one_under_load(
+    mem: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Searches that never pause force a write after ACCESS_WAIT, unless the last write took
+    long: then it waits (1 / ACCESS_SHARE - 1) times that, so counts cost a bounded share."""
+    import time
+
+    from hybridmem import retrieval
+
+    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 600.0)  # no pause is ever long enough
+    monkeypatch.setattr(retrieval, "ACCESS_WAIT", 0.2)
+    monkeypatch.setattr(retrieval, "ACCESS_SHARE", 0.25)
+    items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
+    mem._access._spent = 1.0  # type: ignore[attr-defined]  # white-box: the last write took 1 s
+    started = time.monotonic()
+    for _ in range(3):
+        assert mem.search("u", "Alice")
+    time.sleep(max(0.0, 1.5 - (time.monotonic() - started)))
+    assert [mem.get("u", i.id).access_count for i in items] == [0, 0]  # due at 3 s, not 0.2 s
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and mem.get("u", items[0].id).access_count == 0:
+        time.sleep(0.1)
+    assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
+    assert time.monotonic() - started >= 2.9
