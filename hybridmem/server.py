@@ -39,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 try:
     from fastapi import APIRouter, Body, FastAPI, Query, Security
-    from fastapi.responses import StreamingResponse
+    from fastapi.responses import Response, StreamingResponse
     from fastapi.routing import APIRoute
     from fastapi.security import HTTPBearer
     from fastapi_offline import FastAPIOffline
@@ -347,14 +347,17 @@ def create_app(
                                    include_superseded=body.include_superseded,
                                    min_score=body.min_score, as_of=body.as_of)
 
-    @v1.post("/context", tags=["retrieval"])
-    async def context(user_id: str, body: ContextBody) -> Context:
+    # The Context is our own, already validated model: it is written out as JSON directly, not
+    # validated again by FastAPI on its way out (0.4 of 0.5 ms per request at 30 lines).
+    @v1.post("/context", tags=["retrieval"], response_model=Context)
+    async def context(user_id: str, body: ContextBody) -> Response:
         """The best memories for ``query`` packed into at most ``max_tokens`` tokens."""
-        return await memory.context(user_id, body.query, max_tokens=body.max_tokens,
-                                    where=body.where, category=body.category, limit=body.limit,
-                                    include_superseded=body.include_superseded,
-                                    min_score=body.min_score, budgets=body.budgets,
-                                    as_of=body.as_of)
+        found = await memory.context(user_id, body.query, max_tokens=body.max_tokens,
+                                     where=body.where, category=body.category, limit=body.limit,
+                                     include_superseded=body.include_superseded,
+                                     min_score=body.min_score, budgets=body.budgets,
+                                     as_of=body.as_of)
+        return Response(found.model_dump_json(), media_type="application/json")
 
     # -- the graph
     @v1.get("/entities", tags=["graph"])

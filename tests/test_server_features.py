@@ -38,3 +38,19 @@ def test_search_context_and_facts_take_the_new_fields(tmp_path: Path) -> None:
         bad = c.post(f"{base}/context", json={"query": "x", "budgets": {"fact": 3}})
         assert bad.status_code == 422 and "unknown sections" in bad.text
         assert c.post(f"{base}/search", json={"query": "x", "min_score": -1}).status_code == 422
+
+
+def test_context_is_the_models_json_and_documented_as_context(tmp_path: Path) -> None:
+    """The context endpoint writes the Context out directly (no second validation): the body is
+    what Memory.context returns, as JSON, and the schema still names Context."""
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    with Memory(settings, embedder=HashEmbedder()) as mem, serve(
+            create_app(mem, api_keys=[])) as url, httpx.Client(base_url=url, timeout=30) as c:
+        mem.add_many("u1", ["Alice bought a ROG laptop in Lyon", "Alice's café is «Le Zinc»"])
+        got = c.post("/v1/users/u1/context", json={"query": "Alice café", "max_tokens": 300})
+        assert got.headers["content-type"] == "application/json"
+        want = mem.context("u1", "Alice café", max_tokens=300)
+        assert got.json() == want.model_dump(mode="json") and "«Le Zinc»" in got.json()["text"]
+        schema = c.get("/openapi.json").json()["paths"]["/v1/users/{user_id}/context"]["post"]
+        ok = schema["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": "#/components/schemas/Context"}
