@@ -629,6 +629,7 @@ def rest_rate(data_dir: Path, user: str, queries: list[str], *, seconds: float,
         warm, timed_qs = queries[:10], list(dict.fromkeys(queries[10:]))
         for q in warm:  # warm-up (the record cache loads)
             httpx.post(url, json={"query": q}, timeout=60)
+        time.sleep(LOAD_PAUSE)  # it loads in a background thread: let it land, as in read_path
 
         def load(send: Callable[[httpx.Client, int], httpx.Response], span: float
                  ) -> dict[str, Any]:
