@@ -13,10 +13,13 @@ holds the episodic links (see :class:`hybridmem._graphstate.UserGraph`).
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_PREDICATE",
     "SCHEMA",
     "from_json_bytes",
+    "gc_paused",
     "graph_from",
     "node_link",
     "refresh_edge",
@@ -38,6 +42,28 @@ __all__ = [
 SCHEMA = 1
 #: Longest predicate a relation may carry (as :class:`~hybridmem.models.Relation` allows).
 MAX_PREDICATE = 100
+_paused = threading.Lock()
+_pausing = [0, False]  # loads in progress; whether the collector was on when the first began
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (the process's own setting is restored when
+    the last of several concurrent blocks ends). A graph load builds hundreds of thousands of
+    containers, none of them garbage, and the collector walked them again and again: a third of
+    a 10k-memory load (0.35 -> 0.23 s)."""
+    with _paused:
+        if not _pausing[0]:
+            _pausing[1] = gc.isenabled()
+            gc.disable()
+        _pausing[0] += 1
+    try:
+        yield
+    finally:
+        with _paused:
+            _pausing[0] -= 1
+            if not _pausing[0] and _pausing[1]:
+                gc.enable()
 
 
 def refresh_edge(attrs: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ from hybridmem._graphio import (
     SCHEMA,
     append_op,
     from_json_bytes,
+    gc_paused,
     graph_from,
     node_link,
     read_ops,
@@ -187,7 +188,14 @@ class NetworkXGraphStore:
             raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
 
     def _load(self, st: UserGraph) -> None:
-        """Read the snapshot, then replay the log over it."""
+        """Read the snapshot, then replay the log over it (see :func:`gc_paused` for why the
+        collector waits)."""
+        with gc_paused():
+            self._read(st)
+        if st.log_bytes >= FOLD_MIN_BYTES and st.log_bytes * 4 > st.snapshot_bytes:
+            self._fold(st)
+
+    def _read(self, st: UserGraph) -> None:
         st.graph, st.snapshot_bytes, st.log_bytes = nx.DiGraph(), 0, 0
         replayed = True  # whether the indexes must be rebuilt at the end
         if st.path is not None and st.log_path is not None:
@@ -212,8 +220,6 @@ class NetworkXGraphStore:
             st.index()
         st.stamp = st.stamps()
         log.debug("graph %s loaded: %d nodes", st.path, st.graph.number_of_nodes())
-        if st.log_bytes >= FOLD_MIN_BYTES and st.log_bytes * 4 > st.snapshot_bytes:
-            self._fold(st)
 
     def _fold(self, st: UserGraph) -> None:
         """Fold a replayed log into a new snapshot, so the next process loads it without

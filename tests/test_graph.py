@@ -659,3 +659,36 @@ def test_keyed_locks_keep_only_keys_in_use() -> None:
     with locks.hold("b"):
         pass
     assert not locks.busy("b")  # nothing is left of a key nobody holds
+
+
+def test_a_load_runs_without_garbage_collections_and_restores_the_collector(
+    tmp_path: Path,
+) -> None:
+    """Loading builds many containers and no garbage: the cyclic collector waits until the end
+    (one young-generation run when it is back on, instead of one every 700 containers), then
+    is on again (and stays off for a caller that had switched it off)."""
+    import gc
+
+    first = NetworkXGraphStore(tmp_path)
+    first.add_extractions("u", [(f"m{i}", ex((f"person {i}", "bought", f"thing {i}")))
+                                for i in range(400)])
+    first.save("u")
+    first.close()
+    runs: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            runs.append(info["generation"])
+
+    for collecting in (True, False):
+        (gc.enable if collecting else gc.disable)()
+        store = NetworkXGraphStore(tmp_path)
+        gc.callbacks.append(count)
+        try:
+            assert store.entities_in("u", "what did person 7 buy?") == ["person 7"]
+        finally:
+            gc.callbacks.remove(count)
+            store.close()
+            assert gc.isenabled() is collecting
+            gc.enable()
+    assert len(runs) <= 1, runs
