@@ -156,3 +156,16 @@ def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert (crash["trials"], crash["lost_acknowledged"], crash["store_disagreements"]) == (1, 0, 0)
     assert crash["acknowledged"] >= 0  # how many writes the killed writer had confirmed
     assert "| memories | single add median ms" in done.stdout
+
+
+def test_latency_ingest_only_then_reuse(tmp_path: Path) -> None:
+    """--ingest-only builds a size's stores and times nothing; --reuse then times the read path on
+    them without ingesting again (how the 100k row is made: ingest niced, time under the lock)."""
+    work, out = tmp_path / "work", tmp_path / "latency.json"
+    _run("latency.py", "--sizes", "40", "--single", "3", "--work-dir", str(work), "--ingest-only")
+    assert (work / "n40" / "chroma").is_dir() and not out.exists()
+    _run("latency.py", "--sizes", "40", "--queries", "5", "--work-dir", str(work), "--reuse",
+         "--cold-runs", "0", "--rest-seconds", "0", "--out", str(out))
+    (row,) = json.loads(out.read_text(encoding="utf-8"))["sizes"]
+    assert row["add"]["reused"] == str(work / "n40") and row["add"]["stored"] >= 40
+    assert row["search"]["context_ms"]["n"] == 5
