@@ -36,7 +36,8 @@ only memories among the seeds (every candidate, with mass 0 beyond the best few)
 the spread get it.
 
 *Topic* (``topic``, Settings ``graph_topic``; needs ``similar``, the cosine of the query's
-embedding to node names, which the read path computes from name vectors it caches): focus lifts
+embedding to node names, which the read path computes from the name vectors made when the nodes
+were written, see :mod:`hybridmem.names`): focus lifts
 all of a person's turns alike, but a question about one person asks about one topic of theirs
 ("what activities does Melanie do?" against "Melanie: I signed up for a pottery class"). So a
 memory of the pool that gets focus (or any memory of the pool when the query names no known
@@ -79,8 +80,8 @@ SESSION = 1.0
 SESSION_SPAN = 24
 #: Graph signal per unit of cosine between the query and a memory's closest node name (see above).
 TOPIC = 0.45
-#: Similarity of the query to node names (one float a name, in the names' order).
-Similar = Callable[[Sequence[str]], Sequence[float]]
+#: Similarity of the query to nodes (their keys and names; one float a node, in order).
+Similar = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -217,7 +218,7 @@ def _topic(st: UserGraph, pool: Sequence[str], named: Sequence[str], topic: floa
                    if k not in own and g.nodes[k]["type"] not in UNEXPANDED_TYPES})
     if not keys:
         return
-    sims = dict(zip(keys, similar([g.nodes[k]["name"] for k in keys]), strict=True))
+    sims = dict(zip(keys, similar(keys, [g.nodes[k]["name"] for k in keys]), strict=True))
     for m in pool:
         near = [(sims[k], k) for k in st.mem_nodes[m] if k in sims]
         if near:

@@ -54,6 +54,7 @@ from hybridmem._writeplan import (
     speaker,
 )
 from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
+from hybridmem.names import NameVectors
 from hybridmem.protocols import BatchExtractor, ChatModel, Extractor
 from hybridmem.text import text_hash
 
@@ -84,8 +85,10 @@ class Writer:
         chat: Callable[[], ChatModel],
         usage: UsageMeter,
         locks: WriteLocks | None = None,
+        names: NameVectors | None = None,
     ) -> None:
         self._settings = settings
+        self._names = names  # the topic signal's name vectors: embedded before the lock
         self._stores = stores
         self._embed = embed
         self._extractor = extractor
@@ -347,6 +350,8 @@ class Writer:
                 return None
             if not self._extract_into(p, plan, mode):
                 return None
+            if mode == "fill" and self._names is not None:  # (the graph write stores them)
+                self._names.prefetch(user_id, plan.extractions.values())
         return plan, order
 
     def _vectors_for(self, p: Prepared, texts: Sequence[str], mode: Mode) -> bool:
