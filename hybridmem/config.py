@@ -133,6 +133,12 @@ class Settings(BaseSettings):
         "vectors are made); node names are embedded when written, never in a search; see "
         "hybridmem.graphrank and hybridmem.names.",
     )
+    graph_link: float = Field(
+        default=0.0, ge=0, le=2,
+        description="Seed mass per unit of cosine of the graph nodes whose names are closest to "
+        "the query (the 5 best above cosine 0.3; needs graph_topic > 0 for the name vectors; "
+        "0: off); see hybridmem.graphrank.",
+    )
     graph_speakers: bool = Field(
         default=True,
         description="The rule extractor links a conversation turn (\"Name: ...\") to its speaker "

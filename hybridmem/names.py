@@ -22,8 +22,9 @@ lazily in the search, a 10k-memory user's first search embedded 672 names (1.7 s
   their pages); dropping a user deletes the file. A crash between leaves a node without a vector
   (refilled), never a vector without a node.
 
-In memory each user's vectors are loaded on first use and kept in an LRU bounded by
-:data:`NAME_VECTORS` vectors over all users (float16, ~0.8 KB each at 384 dimensions).
+In memory each user's vectors are loaded on first use into one float32 matrix (a search's
+cosines are one product with the rows of its pool) and kept in an LRU bounded by
+:data:`NAME_VECTORS` vectors over all users (~1.5 KB each at 384 dimensions).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ __all__ = ["FILE_NAME", "FILL_BATCH", "NAME_VECTORS", "NameStore", "NameVectors"
 
 log = logging.getLogger(__name__)
 FILE_NAME = "names.sqlite3"
-#: Vectors kept in memory over all users (~80 MB at 384 dimensions in float16).
-NAME_VECTORS = 100_000
+#: Vectors kept in memory over all users (~77 MB at 384 dimensions in float32).
+NAME_VECTORS = 50_000
 #: Names the background filler embeds in one call.
 FILL_BATCH = 256
 #: Prefetched vectors waiting for the write that asked for them (a write that never commits
@@ -56,8 +57,57 @@ FILL_BATCH = 256
 MAX_OFFERED = 4096
 Embed = Callable[[Sequence[str]], list[list[float]]]
 Vec = np.ndarray[Any, np.dtype[np.float16]]
-#: node key -> (the name its vector was made from, unit vector)
-Rows = dict[str, tuple[str, Vec]]
+Matrix = np.ndarray[Any, np.dtype[np.float32]]
+
+
+class _User:
+    """One user's vectors in memory: a float32 matrix with a row per node, grown by doubling;
+    a removed node's row is zeroed and never reused (rows are few: one per node ever seen).
+    Written under NameVectors._guard; read without it (a reader takes ``matrix`` first, and an
+    index past its end is a node without a vector)."""
+
+    __slots__ = ("index", "keys", "matrix", "names")
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.keys: list[str | None] = []
+        self.names: list[str] = []
+        self.matrix: Matrix = np.zeros((0, 0), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def row(self, key: str, name: str) -> int | None:
+        """The row of the node's vector, if it has one made from this name."""
+        i = self.index.get(key)
+        return i if i is not None and self.names[i] == name else None
+
+    def set(self, key: str, name: str, vector: Vec) -> bool:
+        """Store a vector; True if the node had none."""
+        i = self.index.get(key)
+        new = i is None
+        if i is None:
+            i = len(self.keys)
+            if i >= self.matrix.shape[0] or self.matrix.shape[1] != vector.shape[0]:
+                grown = np.zeros((max(64, 2 * i), vector.shape[0]), dtype=np.float32)
+                if self.matrix.shape[1] == vector.shape[0]:
+                    grown[:i] = self.matrix[:i]
+                self.matrix = grown
+            self.keys.append(key)
+            self.names.append(name)
+        else:
+            self.names[i] = name
+        self.matrix[i] = vector
+        self.index[key] = i  # last: a reader that finds the index finds the row
+        return new
+
+    def remove(self, key: str) -> bool:
+        i = self.index.pop(key, None)
+        if i is None:
+            return False
+        self.keys[i], self.names[i] = None, ""
+        self.matrix[i] = 0.0
+        return True
 
 
 class NameStore(PerUserSqlite):
@@ -107,7 +157,7 @@ class NameVectors:
                  model: str, budget: int = NAME_VECTORS) -> None:
         self._graph, self._store = graph, store
         self._embed, self._model, self._budget = embed, model, max(1, budget)
-        self._users: OrderedDict[str, Rows] = OrderedDict()  # least recently used first
+        self._users: OrderedDict[str, _User] = OrderedDict()  # least recently used first
         self._size = 0
         self._offered: OrderedDict[tuple[str, str], Vec] = OrderedDict()
         self._pending: dict[str, dict[str, str]] = {}  # user -> key -> name, for the filler
@@ -124,28 +174,28 @@ class NameVectors:
         return f"NameVectors(model={self._model!r}, users={len(self._users)}, vectors={self._size})"
 
     # -- reads -------------------------------------------------------------------------------------
-    def _rows(self, user_id: str) -> Rows:
+    def _rows(self, user_id: str) -> _User:
         """The user's vectors, read from the store on first use (call with no lock held)."""
         with self._guard:
-            rows = self._users.get(user_id)
-            if rows is not None:
+            mine = self._users.get(user_id)
+            if mine is not None:
                 self._users.move_to_end(user_id)
-                return rows
-        loaded: Rows = {}
+                return mine
+        loaded = _User()
         stale: dict[str, str] = {}  # another model's: missing ones, refilled in the background
         for key, name, model, blob in self._store.rows(user_id) if self._store else ():
             if model == self._model:
-                loaded[key] = (name, np.frombuffer(blob, dtype=np.float16))
+                loaded.set(key, name, np.frombuffer(blob, dtype=np.float16))
             else:
                 stale[key] = name
         if stale:
             self._queue(user_id, stale)
         with self._guard:
-            rows = self._users.setdefault(user_id, loaded)
-            if rows is loaded:
+            mine = self._users.setdefault(user_id, loaded)
+            if mine is loaded:
                 self._size += len(loaded)
                 self._evict(user_id)
-        return rows
+        return mine
 
     def _evict(self, keep: str) -> None:
         """Drop the least recently used users beyond the budget (never ``keep``); under _guard."""
@@ -159,49 +209,76 @@ class NameVectors:
                 names: Sequence[str]) -> list[float]:
         """The cosine of ``query`` to each node's name vector, in order; 0 for a node without
         one, which is queued for the background filler (a search never embeds)."""
-        rows = self._rows(user_id)
-        found: list[Vec] = []
+        mine = self._rows(user_id)
+        matrix = mine.matrix
         where: list[int] = []
+        at: list[int] = []
         missing: dict[str, str] = {}
         for i, (key, name) in enumerate(zip(keys, names, strict=True)):
-            got = rows.get(key)
-            if got is not None and got[0] == name:
+            r = mine.row(key, name)
+            if r is not None and r < matrix.shape[0]:
                 where.append(i)
-                found.append(got[1])
+                at.append(r)
             else:
                 missing[key] = name
         if missing:
             self._queue(user_id, missing)
         out = [0.0] * len(keys)
-        if found:
+        if at:
             q = np.asarray(query, dtype=np.float32)
             q /= max(float(np.linalg.norm(q)), 1e-12)
-            for i, s in zip(where, (np.stack(found).astype(np.float32) @ q).tolist(), strict=True):
-                out[i] = s
+            for i, cos in zip(where, (matrix[at] @ q).tolist(), strict=True):
+                out[i] = cos
         return out
+
+    def nearest(self, user_id: str, query: Sequence[float], k: int,
+                floor: float) -> list[tuple[str, float]]:
+        """The ``k`` nodes whose name vectors are closest to ``query`` (cosine >= ``floor``),
+        best first: one product with the user's matrix (a search never embeds)."""
+        mine = self._rows(user_id)
+        matrix, keys = mine.matrix, list(mine.keys)
+        n = min(len(keys), matrix.shape[0])
+        if not n:
+            return []
+        q = np.asarray(query, dtype=np.float32)
+        q /= max(float(np.linalg.norm(q)), 1e-12)
+        sims = matrix[:n] @ q
+        top = np.argpartition(-sims, k)[:k] if n > k else np.arange(n)
+        found = [(key, float(sims[i])) for i in top if (key := keys[i]) is not None]
+        found.sort(key=lambda t: (-t[1], t[0]))
+        return [(key, cos) for key, cos in found if cos >= floor]
 
     # -- writes ------------------------------------------------------------------------------------
     def prefetch(self, user_id: str, extractions: Iterable[Extraction]) -> None:
         """Embed, in one call, the names of these extractions that would make a node without a
         vector (called by the writer before it takes the user's lock); :meth:`added` uses them."""
-        rows = self._rows(user_id)
-        want: list[str] = []
+        want = self.wanted(user_id, extractions)
+        if want:
+            self.offer(user_id, want, self._embed(want))
+
+    def wanted(self, user_id: str, extractions: Iterable[Extraction]) -> list[str]:
+        """The names of these extractions that would make (or are) a node without a vector and
+        were not offered yet: what :meth:`offer` should get."""
+        mine = self._rows(user_id)
+        want: dict[str, None] = {}
         for name in dict.fromkeys(_names(extractions)):
             node = self._graph.entity(user_id, name)
             if node is not None:
                 name = node.name  # an alias of a node: its vector is the node name's
-                got = rows.get(node.key)
-                if got is not None and got[0] == name:
+                if mine.row(node.key, name) is not None:
                     continue
             with self._guard:
-                if (user_id, name) in self._offered:
-                    continue
-            want.append(name)
-        if not want:
+                if (user_id, name) not in self._offered:
+                    want[name] = None
+        return list(want)
+
+    def offer(self, user_id: str, names: Sequence[str],
+              vectors: Sequence[Sequence[float]]) -> None:
+        """Vectors of names (embedded by the writer, e.g. with its texts) for :meth:`added`."""
+        if not names:
             return
-        vectors = _unit(self._embed(list(dict.fromkeys(want))))
         with self._guard:
-            for name, v in zip(dict.fromkeys(want), vectors, strict=True):
+            for name, v in zip(names, _unit(vectors), strict=True):
                 self._offered[(user_id, name)] = v
             while len(self._offered) > MAX_OFFERED:
                 self._offered.popitem(last=False)
@@ -209,14 +286,12 @@ class NameVectors:
     def added(self, user_id: str, extractions: Iterable[Extraction]) -> None:
         """Store the vectors of the nodes these (just written) extractions created or renamed:
         prefetched ones, and the rest embedded now in one call. Call holding :attr:`held`."""
-        rows = self._rows(user_id)
+        mine = self._rows(user_id)
         todo: dict[str, str] = {}
         for name in dict.fromkeys(_names(extractions)):
             node = self._graph.entity(user_id, name)
-            if node is not None and node.key not in todo:
-                got = rows.get(node.key)
-                if got is None or got[0] != node.name:
-                    todo[node.key] = node.name
+            if node is not None and node.key not in todo and mine.row(node.key, node.name) is None:
+                todo[node.key] = node.name
         self._fill(user_id, todo)
 
     def _fill(self, user_id: str, todo: Mapping[str, str]) -> None:
@@ -238,8 +313,7 @@ class NameVectors:
             mine = self._users.get(user_id)
             if mine is not None:
                 for k, n, v in rows:
-                    self._size += k not in mine
-                    mine[k] = (n, v)
+                    self._size += mine.set(k, n, v)
 
     def complete(self, user_id: str) -> None:
         """Make the rows match the user's nodes now (after an import replaced the graph, a
@@ -248,9 +322,8 @@ class NameVectors:
         nodes = {e.key: e.name for e in self._graph.entities(user_id)}
         stored = [k for k, *_ in self._store.rows(user_id)] if self._store else []
         self.discard(user_id, [k for k in stored if k not in nodes])
-        rows = self._rows(user_id)
-        self._fill(user_id, {k: n for k, n in nodes.items()
-                             if (got := rows.get(k)) is None or got[0] != n})
+        mine = self._rows(user_id)
+        self._fill(user_id, {k: n for k, n in nodes.items() if mine.row(k, n) is None})
 
     def discard(self, user_id: str, keys: Sequence[str]) -> None:
         """Delete the vectors of nodes that are gone (or about to go)."""
@@ -261,7 +334,7 @@ class NameVectors:
         with self._guard:
             mine = self._users.get(user_id)
             for k in keys:
-                if mine is not None and mine.pop(k, None) is not None:
+                if mine is not None and mine.remove(k):
                     self._size -= 1
             pending = self._pending.get(user_id, {})
             for k in keys:
@@ -421,9 +494,10 @@ class NamedGraph:
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
         episodic: float = 0.5, topic: float = 0.45,
         similar: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
+        linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         return self.inner.activation(user_id, seeds, query, hops=hops, episodic=episodic,
-                                     topic=topic, similar=similar)
+                                     topic=topic, similar=similar, linked=linked)
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         return self.inner.entities_of(user_id, memory_ids)

@@ -260,6 +260,7 @@ class GraphStore(Protocol):
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
         episodic: float = 0.5, topic: float = 0.45,
         similar: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
+        linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
         (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`);

@@ -23,6 +23,7 @@ from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
+from hybridmem.graphrank import LINK_FLOOR, LINK_NODES
 from hybridmem.names import NAME_VECTORS, NameVectors
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
@@ -209,15 +210,20 @@ class Retriever:
         s, names = self._settings, self._names
         seeds = graph_seeds([cand(m) for m in found], self.weights, s.graph_seeds)
         similar = None
+        linked: list[tuple[str, float]] = []
         if qvec is not None and s.graph_topic > 0 and names is not None:
             vector = qvec
 
             def similar(keys: Sequence[str], labels: Sequence[str]) -> list[float]:
                 return names.similar(user_id, vector, keys, labels)
 
+            if s.graph_link > 0:
+                linked = [(key, s.graph_link * cos) for key, cos
+                          in names.nearest(user_id, qvec, LINK_NODES, LINK_FLOOR)]
+
         reached = self._stores.graph.activation(
             user_id, seeds, query, hops=s.graph_hops, episodic=s.graph_episodic,
-            topic=s.graph_topic, similar=similar,
+            topic=s.graph_topic, similar=similar, linked=linked,
         )
         known = set(found)
         fresh = sorted((m for m in reached if m not in known), key=lambda m: -reached[m][0])

@@ -65,8 +65,8 @@ def test_writes_embed_node_names_and_no_search_does_even_after_a_restart(
     model = Recording()
     with Memory(settings, embedder=model) as mem:
         mem.add_many("u", [{"text": t, "kind": "turn"} for t in TURNS])
-        embedded = {t for call in model.calls for t in call}
-        assert "pottery class" in embedded  # a concept name, embedded by the write
+        (call,) = model.calls  # one embedding call for the turns and the new node names
+        assert call[:len(TURNS)] == TURNS and "pottery class" in call[len(TURNS):]
         model.calls.clear()
         hits = mem.search("u", QUERY)
         assert model.calls == [[QUERY]]  # the search embeds its query, no node name
@@ -158,3 +158,23 @@ def test_no_name_vectors_are_made_with_the_topic_signal_off(tmp_path: Path, topi
         mem.add_many("u", [{"text": t, "kind": "turn"} for t in TURNS])
         assert [len(c) for c in model.calls] == [len(TURNS)]  # the turns only
     assert _rows(tmp_path / "hm", "u") == {}
+
+
+def test_nodes_whose_names_are_close_to_the_query_are_linked_without_embedding(
+    tmp_path: Path,
+) -> None:
+    """Query linking (graph_link): the stored vectors of node names are searched for the query's
+    nearest nodes (a query whose words name no node: "class pottery"), which seed their
+    memories; the search embeds its query only."""
+    model = Recording()
+    settings = Settings(data_dir=tmp_path / "hm", graph_link=1.0)
+    with Memory(settings, embedder=model) as mem:
+        mem.add_many("u", [{"text": t, "kind": "turn"} for t in TURNS])
+        names = _names_of(mem, "u")
+        qvec = HashEmbedder(model.dimension).embed_batch(["pottery class"])[0]
+        assert names.nearest("u", qvec, 2, 0.3)[0] == ("pottery class", pytest.approx(1.0, abs=1e-3))  # float16
+        assert names.nearest("u", qvec, 5, 1.01) == []
+        model.calls.clear()
+        hits = mem.search("u", "class pottery", limit=3)
+        assert model.calls == [["class pottery"]]
+        assert any("pottery class (close to the query)" in h.why for h in hits)
