@@ -101,6 +101,11 @@ class _User:
         self.index[key] = i  # last: a reader that finds the index finds the row
         return new
 
+    def load(self, keys: list[str], names: list[str], matrix: Matrix) -> None:
+        """Fill an empty instance at once (rows in ``keys`` order)."""
+        self.keys, self.names, self.matrix = list(keys), names, matrix
+        self.index = {k: i for i, k in enumerate(keys)}
+
     def remove(self, key: str) -> bool:
         i = self.index.pop(key, None)
         if i is None:
@@ -183,11 +188,17 @@ class NameVectors:
                 return mine
         loaded = _User()
         stale: dict[str, str] = {}  # another model's: missing ones, refilled in the background
+        good: list[tuple[str, str, bytes]] = []
         for key, name, model, blob in self._store.rows(user_id) if self._store else ():
-            if model == self._model:
-                loaded.set(key, name, np.frombuffer(blob, dtype=np.float16))
+            if model == self._model and (not good or len(blob) == len(good[0][2])):
+                good.append((key, name, blob))
             else:
                 stale[key] = name
+        if good:  # one matrix from one buffer: ~10 ms for 4,000 names, not a loop of rows
+            width = len(good[0][2]) // 2
+            matrix = np.frombuffer(b"".join(b for *_, b in good), dtype=np.float16)
+            loaded.load([k for k, _, _ in good], [n for _, n, _ in good],
+                        matrix.reshape(len(good), width).astype(np.float32))
         if stale:
             self._queue(user_id, stale)
         with self._guard:

@@ -178,3 +178,27 @@ def test_nodes_whose_names_are_close_to_the_query_are_linked_without_embedding(
         hits = mem.search("u", "class pottery", limit=3)
         assert model.calls == [["class pottery"]]
         assert any("pottery class (close to the query)" in h.why for h in hits)
+
+
+def test_server_mode_another_process_nodes_get_vectors_in_the_background(
+    tmp_path: Path, chroma_server: str,
+) -> None:
+    """With a Chroma server, a node another process wrote reaches this one through the graph
+    sync: a search here embeds no name for it, the background filler does, and the next
+    search has its cosine."""
+    writer_model, reader_model = Recording(), Recording()
+    with Memory(Settings(data_dir=tmp_path / "a", chroma_url=chroma_server),
+                embedder=writer_model) as writer, \
+            Memory(Settings(data_dir=tmp_path / "b", chroma_url=chroma_server),
+                   embedder=reader_model) as reader:
+        user = "server-names"
+        reader.search(user, "nothing yet")  # the reader has loaded the (empty) user
+        writer.add_many(user, [{"text": t, "kind": "turn"} for t in TURNS])
+        reader._stores.graph.refresh(user)
+        reader_model.calls.clear()
+        reader.search(user, QUERY)
+        assert reader_model.calls[0] == [QUERY]
+        assert _names_of(reader, user).wait()
+        assert "pottery class" in {n for call in reader_model.calls[1:] for n in call}
+        assert _topic(reader, user, reader_model) > 0.3
+        writer.forget(user)
