@@ -238,11 +238,12 @@ def _topic(st: UserGraph, pool: Sequence[str], named: Sequence[str], topic: floa
     g, own = st.graph, set(named)
     if own:
         pool = [m for m in pool if not own.isdisjoint(st.mem_nodes[m])]
-    keys = sorted({k for m in pool for k in st.mem_nodes[m]
-                   if k not in own and g.nodes[k]["type"] not in UNEXPANDED_TYPES})
+    nodes = g.nodes  # each distinct node looked up once (many memories share one)
+    keys = sorted(k for k in {k for m in pool for k in st.mem_nodes[m]} - own
+                  if nodes[k]["type"] not in UNEXPANDED_TYPES)
     if not keys:
         return
-    sims = dict(zip(keys, similar(keys, [g.nodes[k]["name"] for k in keys]), strict=True))
+    sims = dict(zip(keys, similar(keys, [nodes[k]["name"] for k in keys]), strict=True))
     for m in pool:
         near = [(sims[k], k) for k in st.mem_nodes[m] if k in sims]
         if near:
