@@ -202,3 +202,20 @@ def test_server_mode_another_process_nodes_get_vectors_in_the_background(
         assert "pottery class" in {n for call in reader_model.calls[1:] for n in call}
         assert _topic(reader, user, reader_model) > 0.3
         writer.forget(user)
+
+
+def test_a_re_embed_with_a_new_model_recomputes_every_name_vector(tmp_path: Path) -> None:
+    data = tmp_path / "hm"
+    with Memory(Settings(data_dir=data), embedder=Recording(64)) as mem:
+        mem.add_many("u", [{"text": t, "kind": "turn"} for t in TURNS])
+    before = _rows(data, "u")
+    assert {m for _, m in before.values()} == {"hash-64"}
+    model = Recording(32)  # another model (another dimension, so another name)
+    with Memory(Settings(data_dir=data), embedder=model) as mem:
+        mem.reembed("u")
+        after = _rows(data, "u")
+        assert set(after) == set(before) and {m for _, m in after.values()} == {"hash-32"}
+        model.calls.clear()
+        mem.search("u", QUERY)
+        assert model.calls == [[QUERY]]
+        assert _topic(mem, "u", model) > 0.3
