@@ -7,9 +7,9 @@ batches of 20 as episodes), then times what ``Retriever.search`` asks of the gra
 query, else random ones, masses 1 ... 0.1), the rest of the candidates (:data:`CANDIDATES` in
 all, mass 0: query focus may lift them, as ``ranking.graph_seeds`` passes every candidate) and
 the query's own entities, with the topic signal (Settings ``graph_topic``; the query's cosine to
-node names, as ``hybridmem.retrieval.NameVectors`` computes it with every name embedded beforehand, as a
-user's names are after their first searches: that one-off cost is printed apart) and without
-it. Beside it, the previous
+node names, by ``hybridmem.names.NameVectors`` itself: every name embedded and stored once, as the
+writes of a Memory do, then read back by a fresh instance as a restarted process would; the
+embedding and the one-off load are printed apart) and without it. Beside it, the previous
 graph step (``entities_in`` + ``neighbourhood`` of the query and of the seeds' entities), so the
 two can be compared in the same run. Prints a table; writes JSON to bench/results/.
 
@@ -25,12 +25,11 @@ import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -42,24 +41,6 @@ SEEDS = 10
 #: Candidates a search hands the graph (vector top 50 and lexical top 50, about half shared).
 CANDIDATES = 80
 BATCH = 20
-
-
-class NameCosines:
-    """What ``hybridmem.retrieval.NameVectors.similar`` does once every name is cached (a face
-    may not import it): a dict lookup per name, one stacked matrix, one product."""
-
-    def __init__(self, vectors: list[list[float]], names: list[str]) -> None:
-        rows = np.asarray(vectors, dtype=np.float32)
-        rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        self.vectors = dict(zip(names, rows, strict=True))
-
-    def similar(self, query: Sequence[float], names: Sequence[str]) -> list[float]:
-        q = np.asarray(query, dtype=np.float32)
-        q /= max(float(np.linalg.norm(q)), 1e-12)
-        unique = list(dict.fromkeys(names))
-        sims = dict(zip(unique, (np.stack([self.vectors[n] for n in unique]) @ q).tolist(),
-                        strict=True))
-        return [sims[n] for n in names]
 
 
 def p(values: list[float], q: float) -> float:
@@ -77,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hybridmem.config import Settings
     from hybridmem.extract import RuleExtractor
     from hybridmem.graph import NetworkXGraphStore
+    from hybridmem.names import NameStore, NameVectors
     from hybridmem.offline import LocalEmbedder
 
     world, rules, rows = World(), RuleExtractor(), []
@@ -91,10 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             store.add_extractions(user, [(m, rules.extract(t, speaker=user))
                                          for m, t in zip(ids[lo:lo + BATCH], texts[lo:lo + BATCH])])
         build_s = time.perf_counter() - t0
-        everything = [e.name for e in store.entities(user)]
+        folder = tempfile.TemporaryDirectory(prefix="hm-names-")
+        made = NameVectors(store, NameStore(folder.name), embed=embedder.embed_batch,
+                           model=embedder.name)
         t0 = time.perf_counter()
-        names = NameCosines(embedder.embed_batch(everything), everything)
+        with made.held.hold(user):
+            made.complete(user)  # what the writes do, all at once
         names_s = time.perf_counter() - t0
+        made.close()
+        names = NameVectors(store, NameStore(folder.name), embed=embedder.embed_batch,
+                            model=embedder.name)  # a restarted process: reads them back
+        t0 = time.perf_counter()
+        names.similar(user, embedder.embed_batch(["warm up"])[0], [], [])
+        load_ms = (time.perf_counter() - t0) * 1000
         rng = random.Random(size)
         queries = world.questions(args.queries, seed=size + 1)
         qvecs = embedder.embed_batch(queries)
@@ -114,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             qvec = qvecs[len(topic_ms)]
             t0 = time.perf_counter()
             store.activation(user, seeds, q, hops=1, topic=topic,
-                             similar=partial(names.similar, qvec))
+                             similar=partial(names.similar, user, qvec))
             topic_ms.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
             found = store.entities_in(user, q)
@@ -124,9 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ents:
                 store.neighbourhood(user, ents, hops=0)
             old_ms.append((time.perf_counter() - t0) * 1000)
+        assert names.queued == 0, f"{names.queued} names had no vector"
+        names.close()
+        folder.cleanup()
         rows.append({
             "memories": size, "nodes": len(store.entities(user)),
             "relations": len(store.relations(user)), "build_s": build_s, "names_s": names_s,
+            "names_load_ms": load_ms,
             "activation_p50_ms": statistics.median(new_ms), "activation_p95_ms": p(new_ms, 0.95),
             "topic_p50_ms": statistics.median(topic_ms), "topic_p95_ms": p(topic_ms, 0.95),
             "old_expand_p50_ms": statistics.median(old_ms), "old_expand_p95_ms": p(old_ms, 0.95),
@@ -134,12 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(["networkx"])
     print(f"load average {machine['loadavg']}")
     print("\n| memories | nodes | relations | activation p50 / p95 ms | with topic p50 / p95 ms "
-          "| names embedded once, s | previous expansion p50 / p95 ms |")
-    print("|---|---|---|---|---|---|---|")
+          "| names embedded once, s | names loaded, ms | previous expansion p50 / p95 ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['memories']:,} | {r['nodes']:,} | {r['relations']:,} | "
               f"{r['activation_p50_ms']:.2f} / {r['activation_p95_ms']:.2f} | "
               f"{r['topic_p50_ms']:.2f} / {r['topic_p95_ms']:.2f} | {r['names_s']:.1f} | "
+              f"{r['names_load_ms']:.0f} | "
               f"{r['old_expand_p50_ms']:.2f} / {r['old_expand_p95_ms']:.2f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"provenance": git_info(), "machine": machine, "rows": rows},

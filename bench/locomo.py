@@ -79,6 +79,7 @@ RANKING_FIELDS = (
     "graph_focus",
     "graph_session",
     "graph_topic",
+    "graph_link",
     "fusion",
 )
 

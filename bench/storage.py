@@ -10,6 +10,9 @@ Prints a markdown table and writes JSON (provenance included) to ``bench/results
   run (the same texts embedded with the same model and added to a bare Chroma collection).
 - ``users``: open file descriptors and RSS after touching 1,000 and 3,000 users (one memory each).
   Every figure is also logged as soon as it is known, so a run stopped early keeps what it measured.
+- ``topic_ab`` (``--topic-ab N``): single ``add`` at N memories with the default ``graph_topic``
+  (node-name vectors embedded and stored by the write) and with ``graph_topic=0``, alternating in
+  one process so the load falls on both alike.
 - ``crash``: ``--trials`` writer processes killed with SIGKILL at random moments; after each, the
   acknowledged ids that are missing and the stores that disagree (both must be 0).
 
@@ -155,6 +158,38 @@ class _RawSingles:
         return statistics.median(times)
 
 
+def bench_topic_ab(size: int, root: Path, singles: int) -> dict[str, Any]:
+    """Single ``add`` with the topic signal's name vectors (the default ``graph_topic``) and
+    without (``graph_topic=0``: no name is embedded or stored), on two users of ``size``
+    memories in one process, alternating, so the machine's load falls on both alike."""
+    from hybridmem import Memory, Settings
+    from hybridmem.offline import LocalEmbedder
+
+    embedder = LocalEmbedder(threads=2)
+    topics = (float(Settings.model_fields["graph_topic"].default or 0.0), 0.0)
+    mems = [Memory(Settings(data_dir=root / f"ab-{t}", embedder="local", extractor="rules",
+                            graph_topic=t), embedder=embedder) for t in topics]
+    try:
+        texts = sentences(size, seed=size)
+        for mem in mems:
+            for lo in range(0, size, 64):
+                mem.add_many("bench", texts[lo:lo + 64])
+        times: list[list[float]] = [[], []]
+        for i, text in enumerate(sentences(singles, seed=10**6 + size)):
+            for j in (0, 1) if i % 2 else (1, 0):
+                t0 = time.perf_counter()
+                mems[j].add("bench", text)
+                times[j].append((time.perf_counter() - t0) * 1000)
+        out = {"memories": size, "loadavg": os.getloadavg(), "rows": [
+            {"graph_topic": t, "median_ms": statistics.median(v),
+             "p90_ms": sorted(v)[int(len(v) * 0.9) - 1]} for t, v in zip(topics, times)]}
+    finally:
+        for mem in mems:
+            mem.close()
+    log.info("single add at %d: %s", size, out["rows"])
+    return out
+
+
 def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
     from hybridmem import Memory, Settings
 
@@ -196,6 +231,8 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=30)
     parser.add_argument("--users", default="1000,3000")
     parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--topic-ab", type=int, default=0, metavar="N",
+                        help="also: single add with and without graph_topic at N memories")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args()
@@ -210,7 +247,9 @@ def main() -> None:
         result = {"provenance": provenance, "loadavg_start": os.getloadavg(),
                   "add": bench_add(sizes, root, args.singles) if sizes else None,
                   "users": bench_users(users, root) if users else [],
-                  "crash": bench_crash(args.trials, root) if args.trials else None}
+                  "crash": bench_crash(args.trials, root) if args.trials else None,
+                  "topic_ab": bench_topic_ab(args.topic_ab, root, args.singles)
+                  if args.topic_ab else None}
     if result["add"]:
         single = result["add"]["single"]
         print("| memories | single add median ms | p90 ms | raw Chroma add ms | graph.json | "
@@ -230,6 +269,11 @@ def main() -> None:
         print(f"{row['users']} users: {row['open_fds']} open fds, max RSS {row['max_rss_mb']:.0f} MB")
     print(f"load average at the start: {result['loadavg_start'][0]:.1f}, at the end: "
           f"{os.getloadavg()[0]:.1f}")
+    if result["topic_ab"]:
+        ab = result["topic_ab"]
+        for row in ab["rows"]:
+            print(f"single add at {ab['memories']}, graph_topic={row['graph_topic']}: median "
+                  f"{row['median_ms']:.1f} ms, p90 {row['p90_ms']:.1f} ms")
     if result["crash"]:
         c = result["crash"]
         print(f"kill -9: {c['trials']} trials, {c['lost_acknowledged']} acknowledged writes lost, "

@@ -9,6 +9,7 @@ the split keeps each file to one concern and within the size the layout test all
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -18,6 +19,7 @@ from hybridmem._lease import WriteLocks
 from hybridmem.config import Settings
 from hybridmem.errors import ClosedError
 from hybridmem.models import Usage, validate_user_id
+from hybridmem.names import NamedGraph, NameVectors
 from hybridmem.protocols import (
     ChatModel,
     Closeable,
@@ -71,16 +73,22 @@ class MemoryBase:
             s, self._embedder, vectors=vector_store, lexical=lexical_index, graph=graph_store,
             history=history_log,
         )
+        self._names: NameVectors | None = None
+        if s.graph_topic > 0 and s.graph_weight > 0:  # every graph write keeps the name vectors
+            self._names = backends.name_vectors(s, self._stores.graph, self._embedder.name,
+                                                self._embed)
+            graph = NamedGraph(self._stores.graph, self._names)
+            self._stores = dataclasses.replace(self._stores, graph=graph)
         self._usage = UsageMeter()
         self._lock = WriteLocks(self._stores.leases)  # with a Chroma server: across processes
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
-            locks=self._lock,
+            locks=self._lock, names=self._names,
         )
         self._writer.recover()  # batches a crash left half-written, before anything else
         recover_imports(s.data_dir, self._stores, embed=self._embed)  # and imports
-        self._retriever = Retriever(s, self._stores, embed=self._embed)
+        self._retriever = Retriever(s, self._stores, embed=self._embed, names=self._names)
         self._access = AccessLog(self._stores, self._lock)
         self._extras = Extras(self._stores)
         self._closed = False

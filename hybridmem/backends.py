@@ -8,7 +8,7 @@ Memory never imports the OpenAI client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from hybridmem.protocols import (
 
 if TYPE_CHECKING:
     from hybridmem._lease import ChromaLeases
+    from hybridmem.names import NameVectors
 
 __all__ = [
     "Stores",
@@ -119,10 +120,7 @@ def _open(
     dir_lock: DataDirLock | None,
 ) -> Stores:
     client: Any = None  # server mode: one Chroma client for the three stores
-    # two SQLite files per open user: keep them within a quarter of the file limit (embedded
-    # Chroma takes at most half, see _chroma.CHROMA_FILE_SHARE)
-    limit = file_limit()
-    max_open = min(s.max_open_users, max(8, limit // 8)) if limit else s.max_open_users
+    max_open = _max_open(s)
     if vectors is None:
         from hybridmem.vector import ChromaVectorStore
 
@@ -177,6 +175,24 @@ def _open(
         leases = ChromaLeases(client)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases)
+
+
+def _max_open(s: Settings) -> int:
+    """Open users per SQLite store: three files per open user (lexical index, history, name
+    vectors) within a quarter of the file limit (embedded Chroma takes at most half, see
+    _chroma.CHROMA_FILE_SHARE)."""
+    limit = file_limit()
+    return min(s.max_open_users, max(8, limit // 12)) if limit else s.max_open_users
+
+
+def name_vectors(s: Settings, graph: GraphStore, model: str,
+                 embed: Callable[[Sequence[str]], list[list[float]]]) -> NameVectors:
+    """The name vectors of the graph's topic signal (see :mod:`hybridmem.names`): persisted
+    beside the user's other files when embedded; in memory only with a Chroma server."""
+    from hybridmem.names import NameStore, NameVectors
+
+    store = None if s.chroma_url else NameStore(s.data_dir, max_open=_max_open(s))
+    return NameVectors(graph, store, embed=embed, model=model)
 
 
 def default_embedder(settings: Settings) -> Embedder:

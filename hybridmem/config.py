@@ -127,10 +127,17 @@ class Settings(BaseSettings):
         "conversation (up to 24 each side along the episodic links; 0: off).",
     )
     graph_topic: float = Field(
-        default=0.0, ge=0, le=2,
+        default=0.45, ge=0, le=2,
         description="Graph signal per unit of cosine between the query and the closest entity "
-        "or concept name of a memory that names the query's entities (0: off; 0.45 measured "
-        "best, but node names are embedded on first use, in the search); see hybridmem.graphrank.",
+        "or concept name of a memory that names the query's entities (0: off, and no name "
+        "vectors are made); node names are embedded when written, never in a search; see "
+        "hybridmem.graphrank and hybridmem.names.",
+    )
+    graph_link: float = Field(
+        default=0.0, ge=0, le=2,
+        description="Seed mass per unit of cosine of the graph nodes whose names are closest to "
+        "the query (the 5 best above cosine 0.3; needs graph_topic > 0 for the name vectors; "
+        "0: off); see hybridmem.graphrank.",
     )
     graph_speakers: bool = Field(
         default=True,

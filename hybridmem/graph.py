@@ -466,6 +466,7 @@ class NetworkXGraphStore:
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
         episodic: float = EPISODIC, topic: float = TOPIC, similar: Similar | None = None,
+        linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
         (id, mass) and the entities ``query`` names, over entities and episodic links (see
@@ -477,7 +478,7 @@ class NetworkXGraphStore:
             named = self.entities_in(user_id, query)
             return activate(
                 self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
-                session=self.session, topic=topic, similar=similar
+                session=self.session, topic=topic, similar=similar, linked=linked
             )
 
     def _hub(self, st: UserGraph, key: str) -> bool:

@@ -36,7 +36,8 @@ only memories among the seeds (every candidate, with mass 0 beyond the best few)
 the spread get it.
 
 *Topic* (``topic``, Settings ``graph_topic``; needs ``similar``, the cosine of the query's
-embedding to node names, which the read path computes from name vectors it caches): focus lifts
+embedding to node names, which the read path computes from the name vectors made when the nodes
+were written, see :mod:`hybridmem.names`): focus lifts
 all of a person's turns alike, but a question about one person asks about one topic of theirs
 ("what activities does Melanie do?" against "Melanie: I signed up for a pottery class"). So a
 memory of the pool that gets focus (or any memory of the pool when the query names no known
@@ -44,6 +45,13 @@ entity) also gets ``topic * max(0, max_e cos(query, name(e)))`` over its entitie
 ``e`` other than the query's own (and never dates or amounts): a concept's short name is a
 sharper statement of a turn's topic than the whole turn's vector, which the vector signal
 already counts. Like focus it never brings a memory in by itself.
+
+*Query linking* (Settings ``graph_link``; needs the read path's name vectors): the query names
+its entities by their words only, but a question about "activities" never names "pottery class".
+So the nodes whose names are closest to the query's embedding (the :data:`LINK_NODES` best, above
+:data:`LINK_FLOOR`, as HippoRAG links a query to graph nodes by embedding) are seeds too, with
+mass ``graph_link * cosine``, spread to their memories like the query's own entities (specificity
+included). Unlike focus and topic, this can bring memories in.
 
 The result is ordered by signal, ties by memory id, so that a caller that keeps the first ``n``
 picks the same memories in an export/import copy of the user.
@@ -59,6 +67,8 @@ from hybridmem._graphstate import UserGraph
 __all__ = [
     "EPISODIC",
     "FOCUS",
+    "LINK_FLOOR",
+    "LINK_NODES",
     "MAX_FANOUT",
     "QUERY_MASS",
     "SESSION",
@@ -79,8 +89,11 @@ SESSION = 1.0
 SESSION_SPAN = 24
 #: Graph signal per unit of cosine between the query and a memory's closest node name (see above).
 TOPIC = 0.45
-#: Similarity of the query to node names (one float a name, in the names' order).
-Similar = Callable[[Sequence[str]], Sequence[float]]
+#: Similarity of the query to nodes (their keys and names; one float a node, in order).
+Similar = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+#: Nodes linked to a query by the embedding of their names, and the least cosine that links one.
+LINK_NODES = 5
+LINK_FLOOR = 0.3
 #: Seed mass of an entity the query names (the best hit has 1).
 QUERY_MASS = 1.0
 #: A further step's mass is multiplied by this.
@@ -107,11 +120,13 @@ def activate(
     session_span: int = SESSION_SPAN,
     topic: float = TOPIC,
     similar: Similar | None = None,
+    linked: Sequence[tuple[str, float]] = (),
 ) -> Reached:
     """memory id -> (graph signal, hops, readable path) from seed memories (id, mass) and the
     keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
     of mass 0 do not spread but may get query focus and topic. ``similar`` (names -> cosine to
-    the query) enables the topic signal of weight ``topic``."""
+    the query) enables the topic signal of weight ``topic``. ``linked``: (node key, mass) of
+    nodes whose names are close to the query (see "query linking" above)."""
     g = st.graph
     total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
     log_n = math.log(total + 1)
@@ -150,6 +165,16 @@ def activate(
         name = g.nodes[key]["name"]
         for m in mids:
             give(m, share, f"{name} (named in the query)", 0)
+
+    own = set(query_entities)
+    for key, mass in linked:
+        if key in own or key not in g or not spec(key) or mass <= 0:
+            continue
+        mids = g.nodes[key]["memory_ids"]
+        share = mass * spec(key) / len(mids)
+        name = g.nodes[key]["name"]
+        for m in mids:
+            give(m, share, f"{name} (close to the query)", 0)
 
     names = {m: f"hit {i}" for i, (m, _x) in enumerate(seeds, 1)}
     frontier = [(m, x, names[m]) for m, x in seeds if x > 0]
@@ -213,11 +238,12 @@ def _topic(st: UserGraph, pool: Sequence[str], named: Sequence[str], topic: floa
     g, own = st.graph, set(named)
     if own:
         pool = [m for m in pool if not own.isdisjoint(st.mem_nodes[m])]
-    keys = sorted({k for m in pool for k in st.mem_nodes[m]
-                   if k not in own and g.nodes[k]["type"] not in UNEXPANDED_TYPES})
+    nodes = g.nodes  # each distinct node looked up once (many memories share one)
+    keys = sorted(k for k in {k for m in pool for k in st.mem_nodes[m]} - own
+                  if nodes[k]["type"] not in UNEXPANDED_TYPES)
     if not keys:
         return
-    sims = dict(zip(keys, similar([g.nodes[k]["name"] for k in keys]), strict=True))
+    sims = dict(zip(keys, similar(keys, [nodes[k]["name"] for k in keys]), strict=True))
     for m in pool:
         near = [(sims[k], k) for k in st.mem_nodes[m] if k in sims]
         if near:

@@ -576,5 +576,8 @@ class Memory(MemoryBase):
                 total += reembed_user(client, user, embedder=self._embedder.name,
                                       dimension=self._embedder.dimension, embed=self._embed,
                                       progress=report)
+                if self._names is not None:  # name vectors of the old model are made anew
+                    with self._names.held.hold(user):
+                        self._names.complete(user)
         return total
 

@@ -259,11 +259,12 @@ class GraphStore(Protocol):
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
         episodic: float = 0.5, topic: float = 0.45,
-        similar: Callable[[Sequence[str]], Sequence[float]] | None = None,
+        similar: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
+        linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
         (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`);
-        ``similar`` maps node names to their cosine with the query, for the topic signal of
+        ``similar`` maps nodes (keys, names) to their cosine with the query, for the topic signal of
         weight ``topic`` (a store may ignore both)."""
         ...
 

@@ -18,12 +18,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-import numpy as np
 
 from hybridmem.backends import Stores
 from hybridmem.config import Settings
 from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow
+from hybridmem.graphrank import LINK_FLOOR, LINK_NODES
+from hybridmem.names import NAME_VECTORS, NameVectors
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
 __all__ = ["ACCESS_FLUSH", "ACCESS_SHARE", "EXTRAS_TTL", "GRAPH_SEED_HITS", "NAME_VECTORS",
@@ -47,8 +48,6 @@ MAX_EXTRAS = 4096
 Embed = Callable[[Sequence[str]], list[list[float]]]
 #: Query embeddings kept per Memory (~12 KB each for 384 Python floats: ~6 MB when full).
 QUERY_CACHE = 512
-#: Node-name embeddings kept per Memory for the graph's topic signal (~1.5 KB each: ~30 MB).
-NAME_VECTORS = 20_000
 #: Threads that run a search's lexical lookup beside its embedding (one per concurrent search).
 READ_THREADS = 4
 
@@ -107,53 +106,18 @@ class QueryBatcher:
         return mine.result()
 
 
-class NameVectors:
-    """Embeddings of graph node names (entities, concepts), for the graph's topic signal: the
-    cosine of a query to the names of its candidates' nodes (see :mod:`hybridmem.graphrank`).
-
-    Kept in memory only and filled lazily: a search embeds, in one call, the names of its pool
-    that no earlier search embedded, so a user's names are embedded about once each (a name is
-    a few words: a new node costs one short embedding, once). Keyed by the name itself, so users
-    who share a name share its vector; the :data:`NAME_VECTORS` most recently used are kept."""
-
-    def __init__(self, embed: Embed) -> None:
-        self._embed = embed
-        self._vectors: OrderedDict[str, np.ndarray[Any, np.dtype[np.float32]]] = OrderedDict()
-        self._guard = threading.Lock()
-
-    def similar(self, query: Sequence[float], names: Sequence[str]) -> list[float]:
-        """The cosine of ``query`` to each name's embedding, in order."""
-        with self._guard:
-            found = {n: self._vectors.get(n) for n in dict.fromkeys(names)}
-            for n, v in found.items():
-                if v is not None:
-                    self._vectors.move_to_end(n)
-        missing = [n for n, v in found.items() if v is None]
-        if missing:
-            fresh = np.asarray(self._embed(missing), dtype=np.float32)
-            fresh /= np.maximum(np.linalg.norm(fresh, axis=1, keepdims=True), 1e-12)
-            with self._guard:
-                for n, v in zip(missing, fresh, strict=True):
-                    found[n] = self._vectors[n] = v
-                while len(self._vectors) > NAME_VECTORS:
-                    self._vectors.popitem(last=False)
-        q = np.asarray(query, dtype=np.float32)
-        q /= max(float(np.linalg.norm(q)), 1e-12)
-        matrix = np.stack([v for v in found.values() if v is not None])
-        sims = dict(zip(found, (matrix @ q).tolist(), strict=True))
-        return [sims[n] for n in names]
-
-
 class Retriever:
     """Hybrid search over one Memory's stores."""
 
-    def __init__(self, settings: Settings, stores: Stores, *, embed: Embed) -> None:
+    def __init__(self, settings: Settings, stores: Stores, *, embed: Embed,
+                 names: NameVectors | None = None) -> None:
         self._settings = settings
         self._stores = stores
         self._embed = embed
         self.weights = weights_of(settings)
         self._batch = QueryBatcher(embed)
-        self._names = NameVectors(embed)
+        #: The name vectors of the topic signal (None: no topic signal), see hybridmem.names.
+        self._names = names
         self._vectors: OrderedDict[str, list[float]] = OrderedDict()  # query -> embedding (LRU)
         self._guard = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -244,19 +208,25 @@ class Retriever:
         """Graph activation (see :mod:`hybridmem.graphrank`) from the query's entities and the
         best hits so far: every candidate it reaches gets its graph signal; of the memories only
         the graph found, the ``pool`` strongest join. With the query's embedding ``qvec`` and
-        ``graph_topic`` > 0 the graph also gets the query's similarity to node names."""
-        s = self._settings
+        ``graph_topic`` > 0 the graph also gets the query's similarity to node names (from the
+        vectors stored when the nodes were written: a search never embeds a name)."""
+        s, names = self._settings, self._names
         seeds = graph_seeds([cand(m) for m in found], self.weights, s.graph_seeds)
         similar = None
-        if qvec is not None and s.graph_topic > 0:
+        linked: list[tuple[str, float]] = []
+        if qvec is not None and s.graph_topic > 0 and names is not None:
             vector = qvec
 
-            def similar(names: Sequence[str]) -> list[float]:
-                return self._names.similar(vector, names)
+            def similar(keys: Sequence[str], labels: Sequence[str]) -> list[float]:
+                return names.similar(user_id, vector, keys, labels)
+
+            if s.graph_link > 0:
+                linked = [(key, s.graph_link * cos) for key, cos
+                          in names.nearest(user_id, qvec, LINK_NODES, LINK_FLOOR)]
 
         reached = self._stores.graph.activation(
             user_id, seeds, query, hops=s.graph_hops, episodic=s.graph_episodic,
-            topic=s.graph_topic, similar=similar,
+            topic=s.graph_topic, similar=similar, linked=linked,
         )
         known = set(found)
         fresh = sorted((m for m in reached if m not in known), key=lambda m: -reached[m][0])

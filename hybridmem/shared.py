@@ -349,10 +349,11 @@ class ChromaGraphStore(_ServerCache):
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
         episodic: float = 0.5, topic: float = TOPIC, similar: Similar | None = None,
+        linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         with self._sync(user_id).lock:
             return self._cache.activation(user_id, seeds, query, hops=hops, episodic=episodic,
-                                          topic=topic, similar=similar)
+                                          topic=topic, similar=similar, linked=linked)
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         with self._sync(user_id).lock:

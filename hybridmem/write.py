@@ -54,6 +54,7 @@ from hybridmem._writeplan import (
     speaker,
 )
 from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
+from hybridmem.names import NameVectors
 from hybridmem.protocols import BatchExtractor, ChatModel, Extractor
 from hybridmem.text import text_hash
 
@@ -84,8 +85,10 @@ class Writer:
         chat: Callable[[], ChatModel],
         usage: UsageMeter,
         locks: WriteLocks | None = None,
+        names: NameVectors | None = None,
     ) -> None:
         self._settings = settings
+        self._names = names  # the topic signal's name vectors: embedded before the lock
         self._stores = stores
         self._embed = embed
         self._extractor = extractor
@@ -340,14 +343,27 @@ class Writer:
             by_hash[h] = item.id
             order.append(item.id)
         if plan.fresh:
-            if not self._vectors_for(p, [plan.items[i].text for i in plan.fresh], mode):
+            names = self._names_first(p, plan) if mode == "fill" else []
+            if not self._vectors_for(p, [plan.items[i].text for i in plan.fresh] + names, mode):
                 return None
+            if self._names is not None:  # new node names share the texts' embedding call
+                self._names.offer(user_id, names, [p.vectors[n] for n in names])
             plan.vectors.update((i, p.vectors[plan.items[i].text]) for i in plan.fresh)
             if dedup and not self._merge_near_duplicates(p, plan, mode):
                 return None
             if not self._extract_into(p, plan, mode):
                 return None
+            if mode == "fill" and self._names is not None:  # an LLM's names, or a fresh plan's
+                self._names.prefetch(user_id, plan.extractions.values())
         return plan, order
+
+    def _names_first(self, p: Prepared, plan: WritePlan) -> list[str]:
+        """Rules (cheap) extract first: new node names join the texts' embedding call."""
+        if self._names is None or not (self._extractor and self._extractor.name.startswith("rules")):
+            return []
+        keys = [(plan.items[i].text, speaker(p.user_id, plan.items[i].source)) for i in plan.fresh]
+        self._found_for(p, keys, "fill")
+        return self._names.wanted(p.user_id, [p.found[k].extraction for k in keys])
 
     def _vectors_for(self, p: Prepared, texts: Sequence[str], mode: Mode) -> bool:
         """Embed the texts ``p`` has no vector for (False instead when ``mode`` is "check")."""

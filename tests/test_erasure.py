@@ -58,3 +58,31 @@ def test_update_of_a_text_scrubs_the_old_text_from_history_and_disk(tmp_path: Pa
         assert all(e.text is None for e in events)
         assert mem.search("u", "door code")[0].item.text == "My door code changed."
     assert _holding(tmp_path, "qd4471x9") == []
+
+
+def test_forgetting_erases_name_vectors_byte_for_byte(tmp_path: Path) -> None:
+    """The topic signal's name vectors (hybridmem.names) of a node only the forgotten memory
+    named leave no byte behind: not its name, not its vector; forgetting the user removes the
+    file. (A vector is not text: the test looks for its bytes.)"""
+    import sqlite3
+
+    from hybridmem._files import user_dir
+    from hybridmem.names import FILE_NAME
+
+    data = tmp_path / "hm"
+    with Memory(Settings(data_dir=data), embedder=HashEmbedder(64)) as mem:
+        secret = mem.add("u", "I booked the Qorvathel Lodge for our trip.")
+        mem.add("u", "I like green tea with Quentin.")
+        path = user_dir(data, "u", create=False) / FILE_NAME
+        with sqlite3.connect(path) as conn:
+            rows = dict(conn.execute("SELECT key, vec FROM names").fetchall())
+        assert "qorvathel lodge" in rows
+        vector = rows["qorvathel lodge"]
+        mem.forget("u", secret.id)
+        with sqlite3.connect(path) as conn:
+            left = {k for (k,) in conn.execute("SELECT key FROM names")}
+        assert "qorvathel lodge" not in left and left
+        assert _holding(tmp_path, "qorvathel") == []
+        assert [p for p in tmp_path.rglob("*") if p.is_file() and vector in p.read_bytes()] == []
+        mem.forget("u")
+        assert not path.exists()

@@ -150,7 +150,7 @@ def test_topic_prefers_the_turn_whose_concepts_are_close_to_the_question(tmp_pat
     """Focus lifts every turn of Melanie's alike; the topic signal (the query's cosine to a
     turn's concept names, real MiniLM vectors) puts her pottery class above her tax return for a
     question about her hobbies; it never touches Caroline's turn nor brings a memory in."""
-    from hybridmem.retrieval import NameVectors
+    import numpy as np
 
     store = NetworkXGraphStore(tmp_path, focus=0.4, session=0.0)
     store.add_extractions("u", [
@@ -159,11 +159,12 @@ def test_topic_prefers_the_turn_whose_concepts_are_close_to_the_question(tmp_pat
         ("t3", ents(("Caroline", "person"), ("painting class", "concept"))),
     ], links=False)
     query = "What hobbies does Melanie have?"
-    names = NameVectors(LocalEmbedder().embed_batch)
-    qvec = LocalEmbedder().embed_batch([query])[0]
+    model = LocalEmbedder()
+    qvec = np.asarray(model.embed_batch([query])[0])
 
-    def similar(texts: Sequence[str]) -> list[float]:
-        return names.similar(qvec, texts)
+    def similar(keys: Sequence[str], texts: Sequence[str]) -> list[float]:
+        assert len(keys) == len(texts)
+        return (np.asarray(model.embed_batch(list(texts))) @ qvec).tolist()
 
     hits = [("t1", 0.0), ("t2", 0.0), ("t3", 0.0)]
     plain = store.activation("u", hits, query, hops=1, episodic=0.0)

@@ -25,7 +25,7 @@ THIRD_PARTY_IO = {"chromadb", "networkx", "sqlite3", "openai", "onnxruntime", "h
 FACE_MODULES = {"hybridmem", "hybridmem.models", "hybridmem.config", "hybridmem.errors",
                 "hybridmem.cli_admin",
                 "hybridmem.server", "hybridmem.asgi", "hybridmem.mcp", "hybridmem.offline", "hybridmem.lexical",
-                "hybridmem.graph", "hybridmem.policy", "hybridmem.extract",
+                "hybridmem.graph", "hybridmem.names", "hybridmem.policy", "hybridmem.extract",
                 "hybridmem.vector", "hybridmem.text"}
 MAX_LINES = 600
 

@@ -263,7 +263,10 @@ def make_mem(chroma_server: str, tmp_path: Path, embedder: LocalEmbedder) -> Ite
 def test_server_mode_selects_the_shared_stores(make_mem: Any) -> None:
     mem = make_mem()
     stores = mem._stores  # white-box: which backends the settings chose
-    assert isinstance(stores.graph, ChromaGraphStore)
+    from hybridmem.names import NamedGraph
+
+    assert isinstance(stores.graph, NamedGraph)  # keeps the topic signal's name vectors
+    assert isinstance(stores.graph.inner, ChromaGraphStore)
     assert isinstance(stores.lexical, ChromaLexicalIndex)
 
 
