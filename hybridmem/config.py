@@ -94,7 +94,11 @@ class Settings(BaseSettings):
     judge_band_min: float = Field(default=0.5, ge=0, le=1)
 
     # ranking (see hybridmem.ranking for the formula)
-    candidates: int = Field(default=50, ge=1, le=1000)
+    candidates: int = Field(
+        default=50, ge=1, le=1000,
+        description="Candidates each retriever fetches before fusion (a search of `limit` results "
+        "fetches at least twice `limit`, at most 500 more; see hybridmem.retrieval.pool_size).",
+    )
     vector_weight: float = Field(default=1.0, ge=0)
     lexical_weight: float = Field(default=1.0, ge=0)
     graph_weight: float = Field(default=1.0, ge=0)

@@ -28,7 +28,8 @@ from hybridmem.names import NAME_VECTORS, NameVectors
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
 __all__ = ["ACCESS_FLUSH", "ACCESS_SHARE", "EXTRAS_TTL", "GRAPH_SEED_HITS", "NAME_VECTORS",
-           "QUERY_CACHE", "AccessLog", "Extras", "NameVectors", "QueryBatcher", "Retriever"]
+           "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE", "AccessLog", "Extras", "NameVectors",
+           "QueryBatcher", "Retriever", "pool_size"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
@@ -48,8 +49,22 @@ MAX_EXTRAS = 4096
 Embed = Callable[[Sequence[str]], list[list[float]]]
 #: Query embeddings kept per Memory (~12 KB each for 384 Python floats: ~6 MB when full).
 QUERY_CACHE = 512
+#: A search fetches from each retriever at least this many times its ``limit`` (at most
+#: :data:`POOL_EXTRA` more than it): fusion can only lift what some retriever fetched.
+POOL_PER_LIMIT = 2
+POOL_EXTRA = 500
 #: Threads that run a search's lexical lookup beside its embedding (one per concurrent search).
 READ_THREADS = 4
+
+
+def pool_size(candidates: int, limit: int) -> int:
+    """How many candidates a search of ``limit`` results fetches from each retriever: the
+    ``candidates`` setting, and at least ``limit`` plus as many again (up to :data:`POOL_EXTRA`).
+
+    Why: a memory fusion should put at rank ``limit`` is often far lower in each single
+    retriever (on LoCoMo dev, with a pool equal to a 100-deep ranking, 137 of 1,105 evidence turns
+    were in no retriever's top 100). A pool of just ``limit`` leaves fusion nothing to lift."""
+    return max(candidates, limit + min(limit * (POOL_PER_LIMIT - 1), POOL_EXTRA))
 
 
 def weights_of(settings: Settings) -> Weights:
@@ -156,7 +171,7 @@ class Retriever:
         """The ``limit`` best memories for ``query`` among those matching ``where``; ages and
         expiry are judged at ``now`` (default: the current time; a past time for ``as_of``)."""
         s, w = self._settings, self.weights
-        pool = max(s.candidates, limit)
+        pool = pool_size(s.candidates, limit)
         items: dict[str, MemoryItem] = {}
         cands: dict[str, Candidate] = {}
 

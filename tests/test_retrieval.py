@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridmem import retrieval
 from hybridmem.offline import HashEmbedder
@@ -44,3 +46,16 @@ def test_a_failing_model_call_fails_every_query_it_carried() -> None:
         QueryBatcher(embed)("q")
 
 
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates=st.integers(1, 1000), limit=st.integers(1, 5000))
+def test_a_search_fetches_a_pool_deeper_than_its_limit(candidates: int, limit: int) -> None:
+    """Fusion can only lift what a retriever fetched: the pool is at least the setting, at least
+    twice the limit up to 500 beyond it, and never more than those ask for."""
+    pool = retrieval.pool_size(candidates, limit)
+    assert pool >= candidates
+    assert pool >= limit + min(limit, retrieval.POOL_EXTRA)
+    assert pool <= max(candidates, 2 * limit)
+    assert retrieval.pool_size(50, 10) == 50 and retrieval.pool_size(50, 30) == 60
+    assert retrieval.pool_size(50, 100) == 200 and retrieval.pool_size(50, 1000) == 1500
