@@ -101,7 +101,7 @@ def release_freed_heap() -> bool:
     user, their preallocated capacity), but glibc keeps those pages, spread over the arenas of
     the client's worker threads, and the next client's threads allocate in others. So RSS grew
     by the whole index cache at each replacement: measured on raw Chroma, 128 one-record
-    collections per client, 362 MB after 100 collections and 942 MB after 600; with this call
+    collections per client, 367 MB after 100 collections and 1,133 MB after 800; with this call
     after each replacement it stays between 150 and 420 MB (the cache filling and emptying).
     One call walks the arenas (milliseconds), once per ``max_open`` users."""
     if not sys.platform.startswith("linux"):
