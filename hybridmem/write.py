@@ -29,7 +29,6 @@ hanging endpoint therefore delays only its own call, never another add or a sear
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -38,7 +37,6 @@ import numpy as np
 
 from hybridmem import _journal as journal
 from hybridmem import policy
-from hybridmem._beside import Beside
 from hybridmem._journal import Intent
 from hybridmem._lease import WriteLocks
 from hybridmem.backends import Stores
@@ -230,41 +228,27 @@ class Writer:
     def _run(self, intent: Intent, vectors: Sequence[list[float]] = ()) -> None:
         """Journal the batch, write every store, clear the journal. An exception here undoes
         the new vectors (so nothing is half-written) and clears the journal; a crash leaves the
-        journal for :meth:`recover`. Fresh memories are indexed beside the vector write (its
-        fsync overlaps Chroma's add): every undo, here and recovery's backward path, removes
-        the new ids' rows anyway. Rewritten texts are indexed after the commit point."""
+        journal for :meth:`recover`."""
         user_id = intent.user_id
         self._journal(user_id, intent)
-        new = [i.id for i in intent.written if i.id not in intent.rewritten]
-        side = None if intent.rewritten or not new else Beside(
-            self._stores.lexical.add, user_id, new, [i.text for i in intent.written])
+        if intent.written:
+            self._stores.vectors.upsert(user_id, intent.written, vectors)
         try:
-            if intent.written:
-                self._stores.vectors.upsert(user_id, intent.written, vectors)
-        except BaseException:
-            if side is not None and side.join(raising=False):  # the journal stays: recovery
-                with contextlib.suppress(Exception):  # undoes it too, this is only sooner
-                    self._stores.lexical.delete(user_id, new)
-            raise
-        try:
-            if side is not None:
-                side.join()
-            self._finish(intent, indexed=side is not None)
+            self._finish(intent)
         except Exception:
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
             self._stores.vectors.delete(user_id, new)
             self._stores.lexical.delete(user_id, new)
             self._journal(user_id, None)
             raise
         self._journal(user_id, None)
 
-    def _finish(self, intent: Intent, *, indexed: bool = False) -> None:
-        """Every write after the vectors' upsert (``indexed``: the lexical rows are written
-        already); each is idempotent (recovery may repeat it)."""
+    def _finish(self, intent: Intent) -> None:
+        """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
         s, user_id = self._stores, intent.user_id
         written = [i.id for i in intent.written]
         if written:
-            if not indexed:
-                s.lexical.add(user_id, written, [i.text for i in intent.written])
+            s.lexical.add(user_id, written, [i.text for i in intent.written])
             if intent.rewritten:  # a caller's new text erases what the old one said
                 s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
             s.graph.add_extractions(
