@@ -100,9 +100,9 @@ def release_freed_heap() -> bool:
     collections) embedded Chroma frees the HNSW indexes it had loaded (~2 MB each for a small
     user, their preallocated capacity), but glibc kept those pages instead of returning them,
     and the next client did not reuse them all. So RSS grew by about the index cache at each
-    replacement: measured on raw Chroma, 128 one-record
-    collections per client, 367 MB after 100 collections and 1,133 MB after 800; with this call
-    after each replacement it stays between 150 and 420 MB (the cache filling and emptying).
+    replacement: measured on raw Chroma, 128 one-record collections per client, 367 MB after
+    100 collections and 1,133 MB after 800; with this call after each replacement it stays
+    between 150 and 420 MB (the cache filling and emptying).
     One call took 16 ms after 128 indexes were freed; it runs once per ``max_open`` users."""
     if not sys.platform.startswith("linux"):
         return False
