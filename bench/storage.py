@@ -6,9 +6,12 @@ Prints a markdown table and writes JSON (provenance included) to ``bench/results
 
 - ``add``: median single ``Memory.add`` at a user's size of N memories (N = 100, 1,000, 10,000 by
   default), with the graph's change-log and snapshot sizes at that point; goal: at 10k ≤ 1.5× at 100.
-- ``add_many``: memories per second for batches of 64, beside the raw floor measured in the same
-  run (the same texts embedded with the same model and added to a bare Chroma collection).
-- ``users``: open file descriptors and RSS after touching 1,000 and 3,000 users (one memory each).
+- ``add_many``: memories per second for batches of 64, beside the raw floor (the same texts
+  embedded with the same model and added to a bare Chroma collection), each floor batch timed
+  right after ours, so the machine's load changes hit both alike; single adds alternate with the
+  raw Chroma add the same way.
+- ``users``: open file descriptors and RSS (now, and the process's peak) after touching 1,000 and
+  3,000 users (one memory each).
   Every figure is also logged as soon as it is known, so a run stopped early keeps what it measured.
 - ``topic_ab`` (``--topic-ab N``): single ``add`` at N memories with the default ``graph_topic``
   (node-name vectors embedded and stored by the write) and with ``graph_topic=0``, alternating in
@@ -58,12 +61,34 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def current_rss_mb() -> float:
+    """Resident set now (the peak above also holds whatever an earlier part of the run used)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
 def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
     from hybridmem import Memory, Settings
     from hybridmem.offline import LocalEmbedder
 
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
     embedder = LocalEmbedder(threads=2)
     out: dict[str, Any] = {"single": [], "add_many": {}}
+    # the raw floor of add_many: the same model, a bare Chroma collection, the same batches,
+    # each timed right after ours (interleaved, so a change in the machine's load cannot favour
+    # either side, as it could when the floor ran after the whole ingest)
+    floor_client = chromadb.PersistentClient(path=str(root / "raw"),
+                                             settings=ChromaSettings(anonymized_telemetry=False))
+    floor_collection = floor_client.get_or_create_collection(
+        "raw", embedding_function=None, configuration={"hnsw": {"space": "cosine"}})
     data_dir = root / "add"
     raw = _RawSingles(root / "raw-single", embedder.dimension)
     with Memory(Settings(data_dir=data_dir, embedder="local", extractor="rules"),
@@ -71,21 +96,32 @@ def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
         have = 0
         for size in sizes:
             texts = sentences(size - have, seed=size)
-            started = time.perf_counter()
+            last = size == sizes[-1]
+            took = floor = 0.0
             for lo in range(0, len(texts), 64):
-                mem.add_many("bench", texts[lo:lo + 64])
-            took = time.perf_counter() - started
+                chunk = texts[lo:lo + 64]
+                started = time.perf_counter()
+                mem.add_many("bench", chunk)
+                took += time.perf_counter() - started
+                if last:  # the floor batch right after ours: load drift hits both alike
+                    started = time.perf_counter()
+                    floor_collection.add(ids=[f"r{lo + i}" for i in range(len(chunk))],
+                                         documents=chunk, embeddings=embedder.embed_batch(chunk))
+                    floor += time.perf_counter() - started
             have = mem.count("bench")
-            if size == sizes[-1]:
+            if last:
                 out["add_many"]["per_s"] = len(texts) / took
+                out["add_many"]["floor_per_s"] = len(texts) / floor
                 out["add_many"]["n"] = len(texts)
-            times = []
-            for text in sentences(singles, seed=10**6 + size):
+            raw.fill(have)
+            times, raw_times = [], []
+            for n, text in enumerate(sentences(singles, seed=10**6 + size)):
                 t0 = time.perf_counter()
                 mem.add("bench", text)
                 times.append((time.perf_counter() - t0) * 1000)
+                raw_times.append(raw.time_one(f"raw single {size}-{n}"))  # interleaved too
             have = mem.count("bench")
-            raw_ms = raw.median_add_ms(have, singles)
+            raw_ms = statistics.median(raw_times)
             folder = next((data_dir / "users").iterdir())
             sizes_on_disk = {p.name: p.stat().st_size for p in folder.iterdir()}
             out["single"].append({
@@ -97,21 +133,6 @@ def bench_add(sizes: list[int], root: Path, singles: int) -> dict[str, Any]:
             })
             log.info("add at %d: median %.1f ms (raw Chroma add %.1f ms)", have,
                      out["single"][-1]["median_ms"], raw_ms)
-    # the raw floor: the same model, a bare Chroma collection, the same batch size
-    import chromadb
-    from chromadb.config import Settings as ChromaSettings
-
-    client = chromadb.PersistentClient(path=str(root / "raw"),
-                                       settings=ChromaSettings(anonymized_telemetry=False))
-    collection = client.get_or_create_collection("raw", embedding_function=None,
-                                                 configuration={"hnsw": {"space": "cosine"}})
-    texts = sentences(out["add_many"]["n"], seed=sizes[-1])
-    started = time.perf_counter()
-    for lo in range(0, len(texts), 64):
-        chunk = texts[lo:lo + 64]
-        collection.add(ids=[f"r{lo + i}" for i in range(len(chunk))], documents=chunk,
-                       embeddings=embedder.embed_batch(chunk))
-    out["add_many"]["floor_per_s"] = len(texts) / (time.perf_counter() - started)
     out["add_many"]["ratio"] = out["add_many"]["per_s"] / out["add_many"]["floor_per_s"]
     out["add_many"]["loadavg"] = os.getloadavg()
     log.info("add_many: %.1f/s vs raw floor %.1f/s (%.2fx)", out["add_many"]["per_s"],
@@ -147,15 +168,16 @@ class _RawSingles:
                              metadatas=[{"n": self._n + i} for i in range(len(texts))])
         self._n += len(texts)
 
-    def median_add_ms(self, size: int, singles: int) -> float:
+    def fill(self, size: int) -> None:
+        """Grow the collection to ``size`` records (untimed)."""
         while self._n < size:
             self._add(sentences(min(500, size - self._n), seed=self._n))
-        times = []
-        for text in sentences(singles, seed=-size):
-            t0 = time.perf_counter()
-            self._add([text])
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times)
+
+    def time_one(self, text: str) -> float:
+        """Milliseconds to add one record."""
+        t0 = time.perf_counter()
+        self._add([text])
+        return (time.perf_counter() - t0) * 1000
 
 
 def bench_topic_ab(size: int, root: Path, singles: int) -> dict[str, Any]:
@@ -200,9 +222,10 @@ def bench_users(counts: list[int], root: Path) -> list[dict[str, Any]]:
             for n in range(done, count):
                 mem.add(f"user-{n}", f"I bought gadget {n}")
             done = count
-            out.append({"users": count, "open_fds": open_fds(), "max_rss_mb": rss_mb()})
-            log.info("%d users: %d fds, max RSS %.0f MB", count, out[-1]["open_fds"],
-                     out[-1]["max_rss_mb"])
+            out.append({"users": count, "open_fds": open_fds(), "max_rss_mb": rss_mb(),
+                        "rss_mb": current_rss_mb(), "loadavg": os.getloadavg()})
+            log.info("%d users: %d fds, RSS %.0f MB (peak %.0f MB)", count, out[-1]["open_fds"],
+                     out[-1]["rss_mb"], out[-1]["max_rss_mb"])
     return out
 
 
@@ -266,7 +289,8 @@ def main() -> None:
               f"{first['memories']}: {last['median_ms'] / first['median_ms']:.2f}x (raw Chroma: "
               f"{last['raw_chroma_add_median_ms'] / first['raw_chroma_add_median_ms']:.2f}x)")
     for row in result["users"]:
-        print(f"{row['users']} users: {row['open_fds']} open fds, max RSS {row['max_rss_mb']:.0f} MB")
+        print(f"{row['users']} users: {row['open_fds']} open fds, RSS {row['rss_mb']:.0f} MB "
+              f"(peak {row['max_rss_mb']:.0f} MB)")
     print(f"load average at the start: {result['loadavg_start'][0]:.1f}, at the end: "
           f"{os.getloadavg()[0]:.1f}")
     if result["topic_ab"]:

@@ -152,6 +152,7 @@ def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert [row["memories"] for row in result["add"]["single"]] == [23, 43]
     assert result["add"]["add_many"]["floor_per_s"] > 0
     assert [row["users"] for row in result["users"]] == [5, 10]
+    assert all(0 < row["rss_mb"] <= row["max_rss_mb"] + 1 for row in result["users"])
     crash = result["crash"]
     assert (crash["trials"], crash["lost_acknowledged"], crash["store_disagreements"]) == (1, 0, 0)
     assert crash["acknowledged"] >= 0  # how many writes the killed writer had confirmed
