@@ -157,24 +157,17 @@ def activate(
             best[memory_id], path[memory_id] = mass, label
         hop[memory_id] = min(hop.get(memory_id, h), h)
 
-    for key in dict.fromkeys(query_entities):
-        if key not in g or not spec(key):
-            continue
-        mids = g.nodes[key]["memory_ids"]
-        share = QUERY_MASS * spec(key) / len(mids)
-        name = g.nodes[key]["name"]
-        for m in mids:
-            give(m, share, f"{name} (named in the query)", 0)
-
-    own = set(query_entities)
-    for key, mass in linked:
-        if key in own or key not in g or not spec(key) or mass <= 0:
+    own = dict.fromkeys(query_entities)
+    starts = [(k, QUERY_MASS, "named in the query") for k in own]
+    starts += [(k, mass, "close to the query") for k, mass in linked if k not in own]
+    for key, mass, why in starts:
+        if key not in g or not spec(key) or mass <= 0:
             continue
         mids = g.nodes[key]["memory_ids"]
         share = mass * spec(key) / len(mids)
         name = g.nodes[key]["name"]
         for m in mids:
-            give(m, share, f"{name} (close to the query)", 0)
+            give(m, share, f"{name} ({why})", 0)
 
     names = {m: f"hit {i}" for i, (m, _x) in enumerate(seeds, 1)}
     frontier = [(m, x, names[m]) for m, x in seeds if x > 0]
