@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 from urllib.parse import urlparse
 
 from hybridmem._files import user_key
@@ -53,6 +53,7 @@ __all__ = [
     "collection_name",
     "create_collection",
     "drop_collection",
+    "get_paged",
     "graph_collection_name",
     "is_not_found",
     "make_client",
@@ -282,6 +283,33 @@ def drop_collection(client: ClientAPI, name: str) -> None:
 
 #: Records per Chroma request when :func:`move_not_current` moves them.
 MOVE_BATCH = 1000
+
+
+#: Records one :func:`get_paged` call asks Chroma for.
+READ_PAGE = 10_000
+
+
+def get_paged(col: Collection, *, include: list[str], where: Mapping[str, object] | None = None,
+              limit: int | None = None, offset: int = 0) -> dict[str, list[Any]]:
+    """``col.get`` of ``include`` (ids always) in pages of :data:`READ_PAGE` records: the
+    ``ids``, ``documents``, ``metadatas`` lists of every page, concatenated.
+
+    Why: Chroma's ``get`` of documents or metadatas with no ``where`` and no ``limit`` puts one
+    SQL variable per record into a query and fails above SQLite's 32,766 ("too many SQL
+    variables"): at 100k memories a user's record cache could not load and ``list()`` failed.
+    Pages are read by ``offset`` in Chroma's own order, so the caller holds whatever keeps the
+    collection still between pages (the user's write lock) when it needs a consistent whole."""
+    out: dict[str, list[Any]] = {"ids": [], **{k: [] for k in include}}
+    while limit is None or len(out["ids"]) < limit:
+        want = READ_PAGE if limit is None else min(READ_PAGE, limit - len(out["ids"]))
+        got = col.get(where=where, limit=want, offset=offset or None,  # type: ignore[arg-type]
+                      include=include)  # type: ignore[arg-type]
+        for key in out:
+            out[key].extend(got[key] or [])  # type: ignore[literal-required]
+        offset += len(got["ids"])
+        if len(got["ids"]) < want:
+            break
+    return out
 
 
 def move_not_current(client: ClientAPI, hot: Collection, archive_name: str,

@@ -487,8 +487,12 @@ class ChromaLexicalIndex(_ServerCache):
 
     def _documents(self, user_id: str, ids: Sequence[str] | None) -> dict[str, str]:
         """id -> text of the given memories (all when None) in the main collection."""
-        return {i: t or "" for got in self._each(user_id, "read the memories", lambda c: c.get(
-                    ids=None if ids is None else list(ids), include=["documents"]))
+        def read(c: Collection) -> Mapping[str, Any]:
+            if ids is None:  # every record: in pages (see _chroma.get_paged)
+                return _chroma.get_paged(c, include=["documents"])
+            return c.get(ids=list(ids), include=["documents"])
+
+        return {str(i): str(t or "") for got in self._each(user_id, "read the memories", read)
                 for i, t in zip(got["ids"], got["documents"] or [])}
 
     def _each(self, user_id: str, what: str, call: Callable[[Collection], T]) -> list[T]:

@@ -236,8 +236,8 @@ class ChromaVectorStore:
         found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
         losers: dict[bool, builtins.list[str]] = {False: [], True: []}
         for archive in (False, True):
-            got = self._run(user_id, "read the memories", lambda c: c.get(
-                include=["documents", "metadatas"]), archive=archive)
+            got = self._run(user_id, "read the memories", lambda c: _chroma.get_paged(
+                c, include=["documents", "metadatas"]), archive=archive)
             for id_, doc, meta in _rows(got["ids"], got["documents"], got["metadatas"]) if got else ():
                 row = (archive, doc or "", meta or {})
                 if id_ in found:
@@ -467,16 +467,16 @@ class ChromaVectorStore:
         compiled = compile_where(where)
         parts = parts_of(where)
         if len(parts) == 1:  # one collection: Chroma pages
-            got = self._run(user_id, "read the memories", lambda c: c.get(
-                where=compiled, limit=limit, offset=offset or None,
+            got = self._run(user_id, "read the memories", lambda c: _chroma.get_paged(
+                c, where=compiled, limit=limit, offset=offset,
                 include=["documents", "metadatas"]), archive=parts[0])
             return [] if got is None else [
                 to_item(user_id, i, d, m)
                 for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"])]
         span = None if limit is None else offset + limit
         found: dict[str, MemoryItem] = {}
-        for got in self._both(user_id, "read the memories", lambda c: c.get(
-                where=compiled, limit=span, include=["documents", "metadatas"])):
+        for got in self._both(user_id, "read the memories", lambda c: _chroma.get_paged(
+                c, where=compiled, limit=span, include=["documents", "metadatas"])):
             for i, d, m in _rows(got["ids"], got["documents"], got["metadatas"]):
                 found.setdefault(i, to_item(user_id, i, d, m))
         every = builtins.list(found.values())
