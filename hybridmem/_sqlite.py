@@ -139,7 +139,12 @@ class PerUserSqlite:
                 if len(self._conns) <= self._max_open:
                     break
                 self._conns.pop(old).close()
+                self._closed_conn(old)
         return conn
+
+    def _closed_conn(self, key: str) -> None:
+        """The connection of user ``key`` was closed (called under the store-wide lock): state a
+        subclass keeps beside it goes with it."""
 
     def _user(self, user_id: str) -> AbstractContextManager[None]:
         return self._users.hold(user_key(user_id))
@@ -183,6 +188,7 @@ class PerUserSqlite:
             log.warning("rollback failed in the %s; reopening it", self.what, exc_info=True)
             with self._lock:
                 self._conns.pop(user_key(user_id), None)
+                self._closed_conn(user_key(user_id))
             conn.close()
 
     def _read(
@@ -206,6 +212,7 @@ class PerUserSqlite:
                     raise ClosedError(
                         f"the {self.what} is closed; create a new {type(self).__name__}")
                 conn = self._conns.pop(user_key(user_id), None)
+                self._closed_conn(user_key(user_id))
             if conn is not None:
                 conn.close()
             folder = user_dir(self._data_dir, user_id, create=False)
@@ -224,6 +231,7 @@ class PerUserSqlite:
         for key in keys:  # each closed once no call holds it
             with self._users.hold(key), self._lock:
                 conn = self._conns.pop(key, None)
+                self._closed_conn(key)
             if conn is not None:
                 conn.close()
 
