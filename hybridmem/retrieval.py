@@ -44,8 +44,10 @@ ACCESS_WAIT = 10.0
 #: write also waits ``1 / ACCESS_SHARE - 1`` times as long as the last write took (see AccessLog).
 ACCESS_SHARE = 0.1
 #: Memories per part of a background count write: after each part the writer rests
-#: ``1 / ACCESS_SHARE - 1`` times as long as the part took (see AccessLog).
-ACCESS_PART = 250
+#: ``1 / ACCESS_SHARE - 1`` times as long as the part took (see AccessLog). One Chroma write
+#: call's worth: a write of fewer is one stall, as before; smaller parts stall more calls
+#: (with parts of 250, bench/latency.py's search p95 at 10k was 256 ms, its p50 18.8 ms).
+ACCESS_PART = 1000
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
 EXTRAS_TTL = 5.0
 #: Users whose answer is kept (the least recently asked beyond this are dropped).
