@@ -28,9 +28,9 @@ from hybridmem.graphrank import LINK_FLOOR, LINK_NODES
 from hybridmem.names import NAME_VECTORS, NameVectors
 from hybridmem.ranking import Candidate, Weights, explain, fuse, graph_seeds
 
-__all__ = ["ACCESS_FLUSH", "ACCESS_PART", "ACCESS_SHARE", "EXTRAS_TTL", "GRAPH_SEED_HITS", "NAME_VECTORS",
-           "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE", "AccessLog", "Extras", "NameVectors",
-           "QueryBatcher", "Retriever", "pool_size"]
+__all__ = ["ACCESS_FLUSH", "ACCESS_PART", "ACCESS_SHARE", "EXTRAS_TTL", "GRAPH_SEED_HITS",
+           "NAME_VECTORS", "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE", "AccessLog", "Extras",
+           "NameVectors", "QueryBatcher", "Retriever", "pool_size"]
 
 log = logging.getLogger(__name__)
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
