@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import GetResult, Metadata
 
-__all__ = ["Placed", "from_cache", "from_gets", "moved_out", "over", "put", "refresh"]
+__all__ = ["Placed", "changes", "from_cache", "from_gets", "moved_out", "over", "put", "refresh"]
 
 #: id -> {collection (True: the archive) -> the metadata stored there}; ids stored nowhere are
 #: absent. With the record cache an id is in one collection at most; read from Chroma it may be
@@ -96,12 +96,32 @@ def put(collection: Collection, archive: bool, placed: Placed, ids: Sequence[str
             metadatas=[over(records[n], placed[ids[n]][archive]) for n in part])
 
 
+def changes(record: Record, old: Mapping[str, Any] | None) -> Metadata:
+    """The keys of ``record`` that differ from the stored ``old`` (None for each key it drops):
+    what a metadata update must send, since Chroma merges metadata. Without ``old``, all of
+    :func:`over`. Equal means equal in type too (Chroma's ``True`` is not its ``1``)."""
+    if old is None:
+        return over(record, None)
+    out: dict[str, Any] = {k: None for k in old if record.get(k) is None}
+    for k, v in record.items():
+        if v is not None and not (k in old and type(old[k]) is type(v) and old[k] == v):
+            out[k] = v
+    return out
+
+
 def refresh(collection: Collection, archive: bool, placed: Placed, ids: Sequence[str],
             records: Sequence[Record]) -> None:
-    """Replace the metadata of records ``collection`` holds (documents and vectors stay)."""
-    for part in _parts(range(len(ids))):
-        collection.update(ids=[ids[n] for n in part], metadatas=[
-            over(records[n], placed.get(ids[n], {}).get(archive)) for n in part])
+    """Replace the metadata of records ``collection`` holds (documents and vectors stay),
+    sending only the keys that changed; records with no change are not sent.
+
+    Why: Chroma's update holds the GIL while it runs, and its cost grows with the keys sent:
+    an access-count flush changes 2 of a record's ~17 keys, and sending those 2 made a
+    3,000-record flush at 10k memories about half as long (every served request waits for it)."""
+    sent = [(ids[n], meta) for n in range(len(ids))
+            if (meta := changes(records[n], placed.get(ids[n], {}).get(archive)))]
+    for part in _parts(range(len(sent))):
+        collection.update(ids=[sent[n][0] for n in part],
+                          metadatas=[sent[n][1] for n in part])
 
 
 def moved_out(placed: Placed, ids: Sequence[str], archive: bool) -> list[str]:

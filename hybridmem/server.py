@@ -45,7 +45,7 @@ try:
     from fastapi_offline import FastAPIOffline
 except ImportError as exc:  # pragma: no cover
     raise ImportError("the REST service needs: pip install 'hybridmem[server]'") from exc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from hybridmem import AsyncMemory, Memory
 from hybridmem.asgi import (
@@ -339,16 +339,20 @@ def create_app(
         return await memory.facts(user_id, category=category, as_of=as_of)
 
     # -- retrieval
-    @v1.post("/search", tags=["retrieval"])
-    async def search(user_id: str, body: SearchBody) -> list[Hit]:
-        """Hybrid search (vector, lexical, graph), each hit with its score breakdown and why."""
-        return await memory.search(user_id, body.query, limit=body.limit, where=body.where,
-                                   category=body.category,
-                                   include_superseded=body.include_superseded,
-                                   min_score=body.min_score, as_of=body.as_of)
+    # Hits and the Context are our own, already validated models: they are written out as JSON
+    # directly, not validated again by FastAPI on their way out (0.4 of 0.5 ms per context
+    # request at 30 lines); response_model keeps the schema in the OpenAPI document.
+    hits_json = TypeAdapter(list[Hit])
 
-    # The Context is our own, already validated model: it is written out as JSON directly, not
-    # validated again by FastAPI on its way out (0.4 of 0.5 ms per request at 30 lines).
+    @v1.post("/search", tags=["retrieval"], response_model=list[Hit])
+    async def search(user_id: str, body: SearchBody) -> Response:
+        """Hybrid search (vector, lexical, graph), each hit with its score breakdown and why."""
+        found = await memory.search(user_id, body.query, limit=body.limit, where=body.where,
+                                    category=body.category,
+                                    include_superseded=body.include_superseded,
+                                    min_score=body.min_score, as_of=body.as_of)
+        return Response(hits_json.dump_json(found), media_type="application/json")
+
     @v1.post("/context", tags=["retrieval"], response_model=Context)
     async def context(user_id: str, body: ContextBody) -> Response:
         """The best memories for ``query`` packed into at most ``max_tokens`` tokens."""

@@ -250,6 +250,34 @@ def test_access_counts_are_written_in_a_pause_of_the_searches(
     assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
 
 
+def test_a_background_count_write_goes_in_parts_with_rests(
+    mem: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One memory a part and a rest of 999 times the part: the first part lands alone; close()
+    ends the rest and writes the remainder at once, every count exact."""
+    import time
+
+    from hybridmem import retrieval
+
+    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.05)
+    monkeypatch.setattr(retrieval, "ACCESS_PART", 1)
+    monkeypatch.setattr(retrieval, "ACCESS_SHARE", 0.001)
+    items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
+    for _ in range(3):
+        assert mem.search("u", "Alice")
+    deadline = time.monotonic() + 30
+
+    def counts() -> list[int]:
+        return sorted(mem.get("u", i.id).access_count for i in items)
+
+    while time.monotonic() < deadline and counts() == [0, 0]:
+        time.sleep(0.01)
+    assert counts() == [0, 3]  # one part written, the other waits out the rest
+    mem._access.close()  # type: ignore[attr-defined]  # white-box: what Memory.close() calls
+    assert counts() == [3, 3]
+
+
 def test_a_slow_count_write_puts_off_the_next_one_under_load(
     mem: Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,6 +34,13 @@ def test_local_embedder_vectors_are_unit_and_ordered(embedder: LocalEmbedder) ->
     assert embedder.embed_batch([]) == []
 
 
+def test_local_embedder_threads_sleep_when_idle(embedder: LocalEmbedder) -> None:
+    """Its onnxruntime workers do not spin between runs (they would hold a core the caller's
+    threads need next); the vectors are the same either way (see the tests above)."""
+    options = embedder._session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_hash_embedder_is_deterministic() -> None:
     e = HashEmbedder(64)
     assert e.embed_batch(["a b c"]) == e.embed_batch(["a b c"])

@@ -18,9 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import TypeAdapter
 
 from hybridmem import AsyncMemory, Memory, Settings, __version__
 from hybridmem.errors import ConfigError
+from hybridmem.models import Hit
 from hybridmem.offline import LocalEmbedder
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, Reply
@@ -203,6 +205,10 @@ def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
     assert 1 <= len(body) <= 2
     assert "laptop" in body[0]["item"]["text"]
     assert body[0]["why"] and "fused" in body[0]["breakdown"]
+    # written out without FastAPI's second validation: still exactly list[Hit] as JSON
+    assert hits.headers["content-type"] == "application/json"
+    as_hits = TypeAdapter(list[Hit])
+    assert as_hits.dump_python(as_hits.validate_json(hits.content), mode="json") == body
     only = client.post(f"/v1/users/{unique_user}/search",
                        json={"query": "laptop", "category": "health"}).json()
     assert [h["item"]["text"] for h in only] == ["Is allergic to peanuts"]
@@ -368,6 +374,9 @@ def test_openapi_lists_every_route_with_its_operation_id_and_one_error_body(
                 body = op["responses"][status]["content"]["application/json"]["schema"]
                 assert body == error_ref, (path, method, status)
     assert set(schemas["ErrorBody"]["properties"]) == {"error", "detail"}
+    found = paths["/v1/users/{user_id}/search"]["post"]["responses"]["200"]
+    assert found["content"]["application/json"]["schema"]["items"] == {
+        "$ref": "#/components/schemas/Hit"}
     created = paths["/v1/users/{user_id}/memories"]["post"]["responses"]["201"]
     assert created["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/MemoryItem"}  # one shape: one memory in, one out

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hybridmem import _chroma
+from hybridmem._placement import changes, over
 from hybridmem.errors import (
     ClosedError,
     EmbedderMismatchError,
@@ -112,6 +113,33 @@ def test_writes_replace_the_record_chroma_would_merge(
     assert store.get(unique_user, ["m"]) == [new] and store.count(unique_user) == 1
     store.update(unique_user, [item(unique_user, "unknown", "nothing")])  # ignored
     assert store.count(unique_user) == 1
+
+
+def test_changes_sends_only_what_differs() -> None:
+    """Chroma merges metadata: an update sends the changed keys and None for the dropped."""
+    old = {"a": 1, "b": 2, "c": 1, "d": 0, "e": "same"}
+    assert changes({"a": 1, "b": None, "c": True, "e": "same", "f": 0.5}, old) == {
+        "b": None, "c": True, "d": None, "f": 0.5}
+    assert changes({"a": 1, "b": 2, "c": 1, "d": 0, "e": "same"}, old) == {}
+    assert changes({"a": 1, "b": None}, None) == over({"a": 1, "b": None}, None)
+
+
+def test_an_update_of_a_few_fields_lands_exact(store_factory: Factory, unique_user: str) -> None:
+    """Only the changed keys are sent (an access-count flush changes 2 of ~17): the record
+    read back, from this store and from a fresh one reading Chroma, is the new item."""
+    store = store_factory()
+    old = item(unique_user, "m", "Alice bought a ROG laptop", key="laptop", access_count=1,
+               metadata={"n": 1, "s": "x"})
+    put(store, [old, item(unique_user, "o", "Bob returned the mouse")])
+    new = old.model_copy(update={"access_count": 2, "last_accessed_at": T0 + timedelta(hours=1),
+                                 "key": None, "metadata": {"n": True, "s": "x"}})
+    store.update(unique_user, [new])
+    store.update(unique_user, [new])  # nothing changed: nothing sent
+    for reader in (store, store_factory()):
+        assert reader.get(unique_user, ["m", "o"])[0] == new
+        assert ids(reader.list(unique_user, where=parse_where({"n": True}))) == ["m"]
+        assert reader.list(unique_user, where=parse_where({"n": 1})) == []
+        assert reader.list(unique_user, where=eq("has_key", True)) == []
 
 
 def test_a_write_replaces_what_another_store_wrote_before(
