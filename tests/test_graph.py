@@ -745,3 +745,30 @@ def test_a_bad_edge_in_a_file_still_names_what_is_wrong(evidence: object, match:
     raw = json.dumps({"schema": 1, "graph": {"nodes": [], "edges": [good, fixed]}}).encode()
     loaded = from_json_bytes(raw).edges["a", "c"]
     assert loaded["evidence"] == {"p": {"m": 1.0}} and type(loaded["confidence"]) is float
+
+
+def test_the_edge_index_is_built_when_first_asked_and_kept_current() -> None:
+    from hybridmem._graphstate import UserGraph
+
+    def eager(st: UserGraph) -> dict[str, set[tuple[str, str]]]:
+        out: dict[str, set[tuple[str, str]]] = {}
+        for u, v, attrs in st.graph.edges(data=True):
+            for mid in attrs["memory_ids"]:
+                out.setdefault(mid, set()).add((u, v))
+        return out
+
+    seen = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    first = [("m1", ex(("Ana", "bought", "ROG laptop"), ("Ana", "lives in", "Lyon")))]
+    later = [("m2", ex(("Ana", "bought", "ROG laptop"))), ("m3", ex(("Bo", "likes", "Lyon")))]
+    asked, lazy = UserGraph("u", None), UserGraph("u", None)
+    asked.add(first, seen)
+    lazy.add(first, seen)
+    assert asked.mem_edges == {"m1": {("ana", "rog laptop"), ("ana", "lyon")}}
+    asked.add(later, seen)  # built before these writes: they update it
+    lazy.add(later, seen)  # never built: the first use builds it from the graph
+    assert lazy.edge_index is None
+    assert asked.mem_edges == lazy.mem_edges == eager(asked) and len(eager(asked)) == 3
+    asked.remove(["m1"])
+    lazy.index()  # a reload forgets it again
+    assert lazy.edge_index is None and lazy.remove(["m1"])
+    assert asked.mem_edges == lazy.mem_edges == eager(lazy) and "m1" not in eager(lazy)
