@@ -53,7 +53,8 @@ class UserGraph:
     log_bytes: int = 0
     aliases: dict[str, set[str]] = field(default_factory=dict)  # canonical alias -> node keys
     mem_nodes: dict[str, set[str]] = field(default_factory=dict)
-    mem_edges: dict[str, set[Edge]] = field(default_factory=dict)
+    #: memory id -> the edges it supports; None until first asked for (see :attr:`mem_edges`)
+    edge_index: dict[str, set[Edge]] | None = None
     #: entity-key word -> node keys whose aliases hold it (for :mod:`hybridmem.resolve`)
     words: dict[str, set[str]] = field(default_factory=dict)
     #: episodic links, derived from ``graph.graph["next"]`` (memory id -> the one written after it)
@@ -69,6 +70,19 @@ class UserGraph:
         return found
 
     @property
+    def mem_edges(self) -> dict[str, set[Edge]]:
+        """Memory id -> the edges it supports, built on first use: a search never asks for it
+        (only context, relations and forgetting do), and at 100k memories (81k edges) it was a
+        fifth of indexing a loaded graph. Writes keep it current once built."""
+        if self.edge_index is None:
+            built: dict[str, set[Edge]] = {}
+            for u, v, attrs in self.graph.edges(data=True):
+                for mid in attrs["memory_ids"]:
+                    built.setdefault(mid, set()).add((u, v))
+            self.edge_index = built
+        return self.edge_index
+
+    @property
     def log_path(self) -> Path | None:
         return None if self.path is None else self.path.with_name(LOG_FILE)
 
@@ -78,7 +92,7 @@ class UserGraph:
     def index(self) -> None:
         self.aliases.clear()
         self.mem_nodes.clear()
-        self.mem_edges.clear()
+        self.edge_index = None
         self.words.clear()
         self.prevs = {b: a for a, b in self.nexts.items()}
         for key, attrs in self.graph.nodes(data=True):
@@ -89,9 +103,6 @@ class UserGraph:
                     self.words.setdefault(word, set()).add(key)
             for mid in attrs["memory_ids"]:
                 self.mem_nodes.setdefault(mid, set()).add(key)
-        for u, v, attrs in self.graph.edges(data=True):
-            for mid in attrs["memory_ids"]:
-                self.mem_edges.setdefault(mid, set()).add((u, v))
 
     def resolve(self, name: str, key: str | None = None) -> str | None:
         """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
@@ -134,7 +145,8 @@ class UserGraph:
                 support = attrs["evidence"].setdefault(pred, {})
                 support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
                 refresh_edge(attrs)
-                self.mem_edges.setdefault(memory_id, set()).add((u, v))
+                if self.edge_index is not None:  # (else built from the graph when first asked)
+                    self.edge_index.setdefault(memory_id, set()).add((u, v))
 
 
     def _resolve_form(self, canon: str, type_: str) -> str | None:

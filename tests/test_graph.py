@@ -692,3 +692,83 @@ def test_a_load_runs_without_garbage_collections_and_restores_the_collector(
             assert gc.isenabled() is collecting
             gc.enable()
     assert len(runs) <= 1, runs
+
+
+def _general(attrs: dict[str, object]) -> dict[str, object]:
+    """An edge's attributes as the general (normalising) path derives them."""
+    from hybridmem._graphio import _evidence, refresh_edge
+
+    out = dict(attrs)
+    out["evidence"] = _evidence(out, "edge")
+    refresh_edge(out)
+    return out
+
+
+def test_the_plain_edge_path_derives_what_the_general_path_does() -> None:
+    from hybridmem._graphio import _plain_edge
+
+    plain: list[dict[str, object]] = [
+        {"evidence": {"lives_in": {"m1": 0.6, "m2": 1.0}, "likes": {"m2": 0.0}}, "extra": [1]},
+        {"evidence": {"x": {"m": -0.0}}},  # max() keeps -0.0; so must the plain path
+        {"evidence": {}, "weight": 7, "confidence": 0.3},  # derived values are recomputed
+        {"evidence": {"p" * 100: {"m": 0.5}}},
+    ]
+    for attrs in plain:
+        fast = dict(attrs)
+        assert _plain_edge(fast) is True
+        assert fast == _general(attrs) and list(fast) == list(_general(attrs))
+        assert [type(v) for v in fast.values()] == [type(v) for v in _general(attrs).values()]
+    # anything not already normal is left to the general path, untouched
+    for evidence in ({"p": {"m": 1}}, {"p": {"m": "0.5"}}, {"p": {1: 0.5}}, {"": {"m": 0.5}},
+                     {" ": {"m": 0.5}}, {"p" * 101: {"m": 0.5}}, {"p": {"m": 1.5}},
+                     {"p": {"m": float("nan")}}, {"p": {"m": float("inf")}}, {"p": [0.5]},
+                     {"p": {"m": True}}, [("p", {"m": 0.5})]):
+        attrs = {"evidence": evidence}
+        assert _plain_edge(attrs) is False and attrs == {"evidence": evidence}
+
+
+@pytest.mark.parametrize(("evidence", "match"), [
+    ({"p": {"m": 1.5}}, "not between 0 and 1"), ({"p": {"m": float("nan")}}, "between 0 and 1"),
+    ({"p": {"m": True}}, "is not a number"), ({"p": {"m": "x"}}, "is not a number"),
+    ({" ": {"m": 0.5}}, "is not 1-100 characters"), ({"p" * 101: {"m": 0.5}}, "1-100"),
+    ({"p": [0.5]}, "is not a {memory id: confidence}"),
+])
+def test_a_bad_edge_in_a_file_still_names_what_is_wrong(evidence: object, match: str) -> None:
+    from hybridmem._graphio import from_json_bytes
+
+    good = {"source": "a", "target": "b", "evidence": {"p": {"m": 0.5}}}
+    bad = {"source": "a", "target": "c", "evidence": evidence}
+    raw = json.dumps({"schema": 1, "graph": {"nodes": [], "edges": [good, bad]}}).encode()
+    with pytest.raises(ValueError, match=match):
+        from_json_bytes(raw)
+    fixed = {**bad, "evidence": {"p": {"m": 1}}}  # an int confidence is normalised, not refused
+    raw = json.dumps({"schema": 1, "graph": {"nodes": [], "edges": [good, fixed]}}).encode()
+    loaded = from_json_bytes(raw).edges["a", "c"]
+    assert loaded["evidence"] == {"p": {"m": 1.0}} and type(loaded["confidence"]) is float
+
+
+def test_the_edge_index_is_built_when_first_asked_and_kept_current() -> None:
+    from hybridmem._graphstate import UserGraph
+
+    def eager(st: UserGraph) -> dict[str, set[tuple[str, str]]]:
+        out: dict[str, set[tuple[str, str]]] = {}
+        for u, v, attrs in st.graph.edges(data=True):
+            for mid in attrs["memory_ids"]:
+                out.setdefault(mid, set()).add((u, v))
+        return out
+
+    seen = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    first = [("m1", ex(("Ana", "bought", "ROG laptop"), ("Ana", "lives in", "Lyon")))]
+    later = [("m2", ex(("Ana", "bought", "ROG laptop"))), ("m3", ex(("Bo", "likes", "Lyon")))]
+    asked, lazy = UserGraph("u", None), UserGraph("u", None)
+    asked.add(first, seen)
+    lazy.add(first, seen)
+    assert asked.mem_edges == {"m1": {("ana", "rog laptop"), ("ana", "lyon")}}
+    asked.add(later, seen)  # built before these writes: they update it
+    lazy.add(later, seen)  # never built: the first use builds it from the graph
+    assert lazy.edge_index is None
+    assert asked.mem_edges == lazy.mem_edges == eager(asked) and len(eager(asked)) == 3
+    asked.remove(["m1"])
+    lazy.index()  # a reload forgets it again
+    assert lazy.edge_index is None and lazy.remove(["m1"])
+    assert asked.mem_edges == lazy.mem_edges == eager(lazy) and "m1" not in eager(lazy)
