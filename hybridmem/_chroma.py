@@ -55,6 +55,7 @@ __all__ = [
     "drop_collection",
     "get_paged",
     "graph_collection_name",
+    "is_internal",
     "is_not_found",
     "make_client",
     "open_collection",
@@ -272,6 +273,13 @@ def open_collection(client: ClientAPI, name: str) -> Collection | None:
         raise
 
 
+def is_internal(exc: BaseException | None) -> bool:
+    """Whether Chroma failed inside (``chromadb.errors.InternalError``: a torn index is one)."""
+    from chromadb.errors import InternalError
+
+    return isinstance(exc, InternalError)
+
+
 def drop_collection(client: ClientAPI, name: str) -> None:
     """Delete a collection; one that does not exist is fine."""
     try:
@@ -403,6 +411,18 @@ class CollectionHandles:
                     if attempt == 1 and create is not None:
                         raise self.error(user_id, what, exc) from exc
             return None  # dropped again right after being reopened: it does not exist now
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    @contextmanager
+    def borrowed(self) -> Iterator[ClientAPI]:
+        """The client, for work outside :meth:`run` (a repair): not replaced while lent."""
+        with self._lock:
+            self._recycle_if_due()
+            self._in_flight += 1
+        try:
+            yield self.client
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -136,6 +136,8 @@ def _open(
             # hybridmem._records); a server is shared, so there they cannot
             cache_records=dir_lock is not None,
             exclusive=None if dir_lock is None else dir_lock.sole,
+            # a torn index is rebuilt from Chroma's records with the configured embedder
+            reembed=lambda texts: embed_checked(embedder, texts),
         )
         vectors, client = chroma, chroma.client
     if lexical is None:

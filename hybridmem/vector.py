@@ -55,6 +55,7 @@ from hybridmem._layout import (
     to_record,
 )
 from hybridmem._records import RecordCache, UserRecords
+from hybridmem._chromarepair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
 from hybridmem.filters import Filter
 from hybridmem.models import MemoryItem
@@ -97,6 +98,7 @@ class ChromaVectorStore:
         cache_records: bool = False,
         background_load: bool = True,
         exclusive: Callable[[], bool] | None = None,
+        reembed: Callable[[Sequence[str]], builtins.list[builtins.list[float]]] | None = None,
     ) -> None:
         if scrub_heap and url is None:
             _chroma.scrub_freed_heap()
@@ -119,6 +121,9 @@ class ChromaVectorStore:
         self._user_lock = UserLocks()  # a user's writes and the loading of its records
         self._lock = threading.Lock()
         self._closed = False
+        self._vetting = None if path is None else Vetting(  # torn indexes: see _chromarepair
+            Repair(path, reembed), self._handles, lock=self._user_lock,
+            drop_cached=self._drop_cached, cap=4 * max_open)
 
     @property
     def client(self) -> ClientAPI:
@@ -146,20 +151,23 @@ class ChromaVectorStore:
         """``call`` on the user's hot (or ``archive``) collection; None when it does not exist,
         unless ``create``."""
         self._live()
-        meta: _chroma.CollectionMeta | None = None
-        if create:
-            meta = {"user_id": user_id, "embedder": self._embedder_name,
-                    "dimension": self._dimension, "schema": SCHEMA_VERSION}
+        meta = self._meta(user_id)
         name = (_chroma.archive_collection_name if archive else _chroma.collection_name)(user_id)
-        return self._handles.run(
-            name, call, user_id=user_id, what=what, create=meta,
-            check=lambda c: self._opened(user_id, c, archive),
-        )
+        def attempt() -> T | None:
+            return self._handles.run(name, call, user_id=user_id, what=what,
+                                     create=meta if create else None,
+                                     check=lambda c: self._opened(user_id, c, archive))
+        return attempt() if self._vetting is None else self._vetting.run(
+            user_id, name, meta, attempt)
+
+    def _meta(self, user_id: str) -> dict[str, Any]:  # a new collection's
+        return {"user_id": user_id, "embedder": self._embedder_name, "dimension": self._dimension,
+                "schema": SCHEMA_VERSION}
 
     def _both(self, user_id: str, what: str, call: Callable[[Collection], T]) -> builtins.list[T]:
         """``call`` on each of the user's collections that exists (hot first)."""
-        got = [self._run(user_id, what, call, archive=archive) for archive in (False, True)]
-        return [g for g in got if g is not None]
+        return [g for a in (False, True) if (g := self._run(user_id, what, call, archive=a))
+                is not None]
 
     def _opened(self, user_id: str, collection: Collection, archive: bool) -> None:
         """Vet a freshly opened collection: the embedder must match, and a hot collection of an
@@ -169,11 +177,8 @@ class ChromaVectorStore:
             self._migrate(user_id, collection)
 
     def _migrate(self, user_id: str, hot: Collection) -> None:
-        meta: _chroma.CollectionMeta = {"user_id": user_id, "embedder": self._embedder_name,
-                                        "dimension": self._dimension, "schema": SCHEMA_VERSION}
-        moved = _chroma.move_not_current(
-            self._handles.client, hot, _chroma.archive_collection_name(user_id), meta,
-            check=lambda c: self._check_identity(user_id, c))
+        moved = _chroma.move_not_current(self._handles.client, hot, _chroma.archive_collection_name(
+            user_id), self._meta(user_id), check=lambda c: self._check_identity(user_id, c))
         log.info("moved %d memories that are not current to the archive collection", moved)
 
     def _check_identity(self, user_id: str, collection: Collection) -> None:
