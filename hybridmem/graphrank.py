@@ -194,7 +194,9 @@ def activate(
                 for m in around:
                     give(m, damping * mass * session / len(around),
                          f"said in the same conversation as {label}", step)
-            keys = [k for k in st.mem_nodes.get(source, ()) if spec(k) > 0]
+            # sorted: a set's order changes with PYTHONHASHSEED, and it decides the order of
+            # the float sums and which of two equal contributions names the path
+            keys = sorted(k for k in st.mem_nodes.get(source, ()) if spec(k) > 0)
             for key in keys:
                 mids = g.nodes[key]["memory_ids"]
                 if len(mids) < 2:
@@ -207,7 +209,8 @@ def activate(
                         if share > 0:
                             reached[m] = reached.get(m, 0.0) + share
         damping *= STEP_DAMPING
-        frontier = [(m, x, path[m]) for m, x in reached.items()]
+        if step < hops:  # in id order: reached's order is that of sets (see keys above)
+            frontier = [(m, reached[m], path[m]) for m in sorted(reached)]
     named = [k for k in dict.fromkeys(query_entities)
              if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
     pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]

@@ -250,10 +250,11 @@ class Retriever:
             topic=s.graph_topic, similar=similar, linked=linked,
         )
         known = set(found)
-        fresh = sorted((m for m in reached if m not in known), key=lambda m: -reached[m][0])
-        ordered = sorted(
-            [m for m in reached if m in known] + fresh[:pool], key=lambda m: -reached[m][0]
-        )
+        def strongest(m: str) -> tuple[float, str]:  # ties by id: the cut and ranks are canonical
+            return -reached[m][0], m
+
+        fresh = sorted((m for m in reached if m not in known), key=strongest)
+        ordered = sorted([m for m in reached if m in known] + fresh[:pool], key=strongest)
         for rank, memory_id in enumerate(ordered, 1):
             c = cand(memory_id)
             c.graph, c.graph_hops, c.graph_path = reached[memory_id]
