@@ -47,6 +47,7 @@ BATCH = 1000
 WARMUP = 5
 #: Seconds the read path waits after the warm-up (see read_path).
 LOAD_PAUSE = 3.0
+LOAD_PAUSE_PER_10K = 1.5
 SEED = 20240501
 #: Settings fields that shape search, passed explicitly so HYBRIDMEM_* variables cannot change them.
 RANKING_FIELDS = (
@@ -344,8 +345,9 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
         mem.search(user, q)
         mem.context(user, q)
     # The user's record cache loads in a background thread from the second search on (once per
-    # user and process, ~1 s at 10k): let it land, so the timed calls measure the steady state.
-    time.sleep(LOAD_PAUSE)
+    # user and process, ~1 s at 10k, ~10 s at 100k): let it land, so the timed calls measure the
+    # steady state.
+    time.sleep(max(LOAD_PAUSE, LOAD_PAUSE_PER_10K * size / 10_000))
     timed_queries = queries[WARMUP:]
     search_times = []
     hit_ids: list[list[str]] = []
