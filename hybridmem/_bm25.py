@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -141,9 +142,7 @@ class TermIndex:
             self._ids.append(memory_id)
             self._slot[memory_id] = slot
             self._rowid[slot], self._sizes[slot], self._alive[slot] = rowid, len(tokens), True
-            counted: dict[str, int] = {}
-            for token in tokens:
-                counted[token] = counted.get(token, 0) + 1
+            counted = Counter(tokens)
             for token, count in counted.items():
                 more = self._more.setdefault(token, ([], []))
                 more[0].append(slot)
