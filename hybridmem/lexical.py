@@ -15,18 +15,26 @@ same transaction), and the connection's ``secure_delete`` zeroes the pages it fr
 ``secure-delete`` option needs SQLite 3.42; ``optimize`` works everywhere and costs a rewrite of
 one user's index.)
 
-A user's index is also held in memory once they have searched twice (:mod:`hybridmem._bm25`: the
-same postings and exactly FTS5's scores, without FTS5's cost of one ranking call per matching
-row: 43 → 2.4 ms a query at 100k memories). It is built from the file under the user's lock
-(writes wait: 10k memories ~0.3 s), kept current by this store's own writes, and dropped with the
-user's connection or when another connection changed the file (``PRAGMA data_version``). A
-one-shot process (the CLI's ``search``) searches once and never builds it.
+A user's index is also held in memory once searching them through FTS5 has cost about what
+building the copy costs (:mod:`hybridmem._bm25`: the same postings and exactly FTS5's scores,
+without FTS5's cost of one ranking call per matching row: 43 → 2.4 ms a query at 100k memories).
+That is the ski-rental rule: a user searched a few times per stay in the LRU never pays a build
+that would not pay back, and a user searched often pays at most about twice what the best choice
+in hindsight would have cost. The build cost is estimated per indexed row and re-measured at each
+build (10k memories 0.07-0.3 s, 100k 1.1-2.6 s). The copy is built from the file under the
+user's lock (that user's calls wait for it: a build in a background thread would hold a read lock
+on the file just as long, and with the rollback journal a writer waits for that lock anyway),
+kept current by
+this store's own writes, and dropped with the user's connection or when another connection changed
+the file (``PRAGMA data_version``). A one-shot process (the CLI's ``search``) searches once and
+never builds it.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -39,8 +47,9 @@ from hybridmem.text import content_words, normalise
 __all__ = ["FILE_NAME", "SqliteLexicalIndex"]
 
 FILE_NAME = "lexical.sqlite3"
-#: Searches of a user that FTS5 answers before the in-memory copy is built.
-SEARCHES_BEFORE_COPY = 1
+#: What building a user's in-memory copy is assumed to cost per indexed row, in seconds, until a
+#: build in this process has measured it (measured on a 2-core machine: 7-11 µs a row).
+BUILD_SECONDS_PER_ROW = 1e-5
 _SEARCH = "SELECT id, -bm25(docs) AS s FROM docs WHERE docs MATCH ? ORDER BY s DESC LIMIT ?"
 
 
@@ -64,12 +73,17 @@ class SqliteLexicalIndex(PerUserSqlite):
     )
 
     def __init__(self, data_dir: str | os.PathLike[str], *, timeout: float = 5.0,
-                 max_open: int = 128, in_memory: bool = True) -> None:
+                 max_open: int = 128, in_memory: bool = True,
+                 build_seconds_per_row: float | None = None) -> None:
         super().__init__(data_dir, timeout=timeout, max_open=max_open)
         self._in_memory = in_memory
+        self._measure = build_seconds_per_row is None
+        self._per_row = BUILD_SECONDS_PER_ROW if build_seconds_per_row is None \
+            else build_seconds_per_row
         self._tokenizer = Tokenizer()
-        self._copies: dict[str, _Copy] = {}  # guarded by self._lock, like the connections
-        self._searches: dict[str, int] = {}
+        # guarded by self._lock, like the connections; both go with the user's connection
+        self._copies: dict[str, _Copy] = {}
+        self._spent: dict[str, float] = {}  # seconds FTS5 spent on the user's searches
 
     def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
         """Index texts under their memory ids (replacing earlier text of the same id)."""
@@ -136,7 +150,9 @@ class SqliteLexicalIndex(PerUserSqlite):
                     if all(len(t) == 1 for t in terms):  # else: phrases, FTS5's business
                         return index.search([t[0] for t in terms], limit)
                 match = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+                started = time.perf_counter()
                 rows = conn.execute(_SEARCH, (match, limit)).fetchall()
+                self._spend(user_id, time.perf_counter() - started)
             except sqlite3.Error as exc:
                 raise storage_error(exc, f"search the index of {user_id!r}") from exc
         return [(str(i), float(s)) for i, s in rows]
@@ -158,28 +174,39 @@ class SqliteLexicalIndex(PerUserSqlite):
         return None
 
     def _searched(self, user_id: str, conn: sqlite3.Connection) -> TermIndex | None:
-        """Count a search of the user: the copy to answer it, built now if this is the user's
-        search after :data:`SEARCHES_BEFORE_COPY`; None for FTS5 to answer."""
+        """The copy to answer this search: the one kept, or one built now if FTS5 has already
+        spent on this user what the build is estimated to cost; None for FTS5 to answer."""
         copy = self._copy(user_id)
         if copy is not None or not self._in_memory:
             return copy.terms if copy is not None else None
         key = user_key(user_id)
         with self._lock:
-            seen = self._searches[key] = self._searches.get(key, 0) + 1
-        if seen <= SEARCHES_BEFORE_COPY:
+            spent = self._spent.get(key)
+        if spent is None:  # the first search: FTS5's
+            return None
+        (rows,) = conn.execute("SELECT coalesce(max(rowid), 0) FROM docs_content").fetchone()
+        if spent < self._per_row * rows:
             return None
         version = conn.execute("PRAGMA data_version").fetchone()[0]
+        started = time.perf_counter()
         index = TermIndex.build(conn)
+        took = time.perf_counter() - started
         with self._lock:
             self._copies[key] = _Copy(conn, version, index)
-            self._searches.pop(key, None)
-            for old in [k for k in self._searches if k not in self._conns]:
-                del self._searches[old]
+            self._spent.pop(key, None)
+            if self._measure and rows:
+                self._per_row = took / rows
         return index
+
+    def _spend(self, user_id: str, seconds: float) -> None:
+        key = user_key(user_id)
+        with self._lock:
+            if key in self._conns:  # else the connection is gone, and what it spent with it
+                self._spent[key] = self._spent.get(key, 0.0) + seconds
 
     def _closed_conn(self, key: str) -> None:
         self._copies.pop(key, None)
-        self._searches.pop(key, None)
+        self._spent.pop(key, None)
 
     def close(self) -> None:
         """Close every connection and drop the in-memory copies; idempotent."""

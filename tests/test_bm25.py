@@ -45,7 +45,8 @@ def test_copy_answers_as_fts5(
     asked: list[str], limit: int,
 ) -> None:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
-            SqliteLexicalIndex(a) as mine, SqliteLexicalIndex(b, in_memory=False) as fts5:
+            SqliteLexicalIndex(a, build_seconds_per_row=0) as mine, \
+            SqliteLexicalIndex(b, in_memory=False) as fts5:
         for idx in (mine, fts5):
             _apply(idx, first, [])
         mine.search("u", "run", limit=1)
@@ -62,7 +63,7 @@ def test_copy_answers_as_fts5(
 
 
 def test_ties_come_in_rowid_order_and_scores_are_fts5s(tmp_path: Path) -> None:
-    with SqliteLexicalIndex(tmp_path / "a") as mine, \
+    with SqliteLexicalIndex(tmp_path / "a", build_seconds_per_row=0) as mine, \
             SqliteLexicalIndex(tmp_path / "b", in_memory=False) as fts5:
         for idx in (mine, fts5):  # twenty equal rows: the cut at the limit is decided by rowid
             idx.add("u", [f"t{n:02d}" for n in range(20)], ["blue desk lamp"] * 20)
@@ -77,7 +78,7 @@ def test_ties_come_in_rowid_order_and_scores_are_fts5s(tmp_path: Path) -> None:
 
 
 def test_another_writer_or_a_closed_connection_drops_the_copy(tmp_path: Path) -> None:
-    with SqliteLexicalIndex(tmp_path, max_open=1) as idx:
+    with SqliteLexicalIndex(tmp_path, max_open=1, build_seconds_per_row=0) as idx:
         idx.add("u", ["a", "b"], ["blue monitor", "red laptop"])
         for _ in range(2):
             idx.search("u", "monitor", limit=5)
@@ -104,3 +105,21 @@ def test_tokenizer_is_fts5s() -> None:
         assert tok.tokens(["Running CAFÉS", "wi_fi", ""]) == [["run", "cafe"], ["wi", "fi"], []]
     finally:
         tok.close()
+
+
+def test_the_copy_is_built_only_once_fts5_has_spent_what_it_costs(tmp_path: Path) -> None:
+    """Ski rental: a user searched rarely never pays for a copy (here its assumed cost is
+    absurdly high); the first search is always FTS5's, so a one-shot process never builds."""
+    with SqliteLexicalIndex(tmp_path / "dear", build_seconds_per_row=1e6) as dear, \
+            SqliteLexicalIndex(tmp_path / "free", build_seconds_per_row=0) as free:
+        for idx in (dear, free):
+            idx.add("u", ["a", "b"], ["blue monitor", "red laptop"])
+            assert idx.search("u", "monitor", limit=5) == idx.search("u", "monitor", limit=5)
+        assert _copy_built(free)
+        for _ in range(20):
+            assert [i for i, _ in dear.search("u", "laptop", limit=5)] == ["b"]
+        assert not _copy_built(dear)
+    with SqliteLexicalIndex(tmp_path / "once", build_seconds_per_row=0) as once:
+        once.add("u", ["a"], ["blue monitor"])
+        once.search("u", "monitor", limit=5)
+        assert not _copy_built(once)
