@@ -150,6 +150,9 @@ def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text(encoding="utf-8"))
     assert [row["memories"] for row in result["add"]["single"]] == [23, 43]
+    # below Chroma's 1,000-record persist every record written is still in its log
+    assert all(row["chroma_log_pending"] >= row["memories"] - 3
+               and row["raw_log_pending"] >= row["memories"] - 3 for row in result["add"]["single"])
     assert result["add"]["add_many"]["floor_per_s"] > 0
     assert [row["users"] for row in result["users"]] == [5, 10]
     assert all(0 < row["rss_mb"] <= row["max_rss_mb"] + 1 for row in result["users"])
