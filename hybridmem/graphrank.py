@@ -262,14 +262,15 @@ def _topic(st: UserGraph, pool: AbstractSet[str], named: Sequence[str], topic: f
     cosine between the query and the names of its other nodes. One ``similar`` call."""
     nodes, mem_nodes, own = st.graph.nodes, st.mem_nodes, set(named)
     # each distinct node looked up once (many memories share one), in key order
-    keys = sorted(k for k in set().union(*(mem_nodes[m] for m in pool)) - own
-                  if nodes[k]["type"] not in UNEXPANDED_TYPES)
-    if not keys:
+    attrs = {k: a for k in set().union(*(mem_nodes[m] for m in pool)) - own
+             if (a := nodes[k])["type"] not in UNEXPANDED_TYPES}
+    if not attrs:
         return
-    sims = dict(zip(keys, similar(keys, [nodes[k]["name"] for k in keys]), strict=True))
+    keys = sorted(attrs)
+    sims = dict(zip(keys, similar(keys, [attrs[k]["name"] for k in keys]), strict=True))
     for m in pool:
-        near = [(sims[k], k) for k in mem_nodes[m] if k in sims]
+        near = [(cos, k) for k in mem_nodes[m] if (cos := sims.get(k)) is not None]
         if near:
             cos, key = max(near)
             if cos > 0:
-                give((m,), topic * cos, f"{nodes[key]['name']} (close to the query's topic)", 0)
+                give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
