@@ -333,12 +333,32 @@ def finish_size(out: dict[str, Any], data_dir: Path, user: str) -> dict[str, Any
     return out
 
 
+def seeds_of(vector_ids: Sequence[str], similarities: Sequence[float],
+             lexical: Sequence[tuple[str, float]], settings: Any) -> list[tuple[str, float]]:
+    """The seeds search gives graph activation (hybridmem.ranking's graph_seeds, weighted
+    fusion): every vector or lexical candidate by its pre-graph score ``vector * cosine +
+    lexical * bm25 / best bm25``, best first (ties by id); the ``graph_seeds`` best carry that
+    score over ``max(best, 1)`` as mass, the others 0."""
+    base: dict[str, float] = {}
+    for m, sim in zip(vector_ids, similarities):
+        base[m] = settings.vector_weight * sim
+    top_bm25 = max((x for _m, x in lexical), default=0.0)
+    for m, x in lexical:
+        base[m] = base.get(m, 0.0) + (settings.lexical_weight * x / top_bm25 if top_bm25 > 0
+                                      else 0.0)
+    scored = sorted(base.items(), key=lambda t: (-t[1], t[0]))
+    unit = max(scored[0][1], 1.0) if scored else 1.0
+    return [(m, x / unit if i < settings.graph_seeds and x > 0 else 0.0)
+            for i, (m, x) in enumerate(scored)]
+
+
 def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: list[str],
               world: World, embedder: Any, data_dir: Path, settings: Any,
               profile_to: Path | None) -> None:
     """search and context timed beside the floor and each stage alone (into ``out``)."""
     from hybridmem.graph import NetworkXGraphStore
     from hybridmem.lexical import SqliteLexicalIndex
+    from hybridmem.names import NameStore, NameVectors
 
     # Warm-up, then search and context. The warm-up is long enough for the lexical store to build
     # its in-memory copy of the user's index (it does once FTS5 has spent about what the copy
@@ -368,11 +388,12 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
     collection = raw_collection(data_dir, user)
     # The stages of search, each timed alone on stores of our own over the same files.
     lexical = SqliteLexicalIndex(data_dir, build_seconds_per_row=0)  # the copy from search 2
-    graph = NetworkXGraphStore(data_dir)
+    graph = NetworkXGraphStore(data_dir, focus=settings.graph_focus,
+                               session=settings.graph_session)
     pool = settings.candidates
     for q in queries[:WARMUP]:
         collection.query(query_embeddings=embedder.embed_batch([q]), n_results=pool)
-    embed_q, chroma_q, floor, vector_ids = [], [], [], []
+    embed_q, chroma_q, floor, vector_ids, vector_sims, qvecs = [], [], [], [], [], []
     for q in timed_queries:
         t0 = time.perf_counter()
         vec = embedder.embed_batch([q])
@@ -384,13 +405,16 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
         chroma_q.append(t2 - t1)
         floor.append(t2 - t0)
         vector_ids.append(list(res["ids"][0]))
-    lexical_q, lexical_ids = [], []
+        vector_sims.append([1.0 - float(d) for d in res["distances"][0]])
+        qvecs.append(vec[0])
+    lexical_q, lexical_ids, lexical_found = [], [], []
     for q in queries[:2]:  # the second builds the copy
         lexical.search(user, q, limit=pool)
     for q in timed_queries:
         dt, found = timed(lambda q=q: lexical.search(user, q, limit=pool))
         lexical_q.append(dt)
         lexical_ids.append([m for m, _score in found])
+        lexical_found.append(found)
 
     # What search asks of Chroma beyond the floor: the same query filtered on current
     # memories, and fetching by id the candidates the vector query did not return (lexical
@@ -410,23 +434,34 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
             get_plain.append(timed(lambda i=ids: collection.get(
                 ids=i, include=["documents", "metadatas"]))[0])
 
-    # Graph expansion alone, as search does it: seeds from the query, then the top hits.
-    ent_t, hood_t, top_t, reached, seeds_n = [], [], [], [], []
-    hops = settings.graph_hops
-    for q, ids in zip(timed_queries, vector_ids):
-        dt, seeds = timed(lambda q=q: graph.entities_in(user, q))
-        ent_t.append(dt)
-        seeds_n.append(len(seeds))
-        dt, hood = timed(lambda s=seeds: graph.neighbourhood(user, s, hops=hops))
-        hood_t.append(dt)
-        reached.append(len(hood))
+    # The graph step alone, as search does it: the store's activation (the query's entities,
+    # spreading activation, focus and the topic signal from the stored name vectors) from the
+    # seeds search would give it (see seeds_of), over the vector and lexical candidates above.
+    names = NameVectors(graph, NameStore(data_dir), embed=embedder.embed_batch,
+                        model=embedder.name)
+    act_t, reached, seeds_n = [], [], []
+    for q, qvec, vids, sims, found in zip(timed_queries, qvecs, vector_ids, vector_sims,
+                                          lexical_found):
+        seeds = seeds_of(vids, sims, found, settings)
 
-        def top(ids: list[str] = ids) -> Any:
-            ents = graph.entities_of(user, ids[:5])
-            return graph.neighbourhood(user, ents, hops=max(hops - 1, 0)) if ents else {}
+        def step(q: str = q, qvec: Any = qvec, seeds: Any = seeds) -> Any:
+            def similar(keys: Sequence[str], labels: Sequence[str]) -> list[float]:
+                return names.similar(user, qvec, keys, labels)
 
-        top_t.append(timed(top)[0])
-    graph_total = [a + b + c for a, b, c in zip(ent_t, hood_t, top_t)]
+            linked = [(key, settings.graph_link * cos) for key, cos
+                      in names.nearest(user, qvec, 5, 0.3)] if settings.graph_link > 0 else []
+            return graph.activation(user, seeds, q, hops=settings.graph_hops,
+                                    episodic=settings.graph_episodic, topic=settings.graph_topic,
+                                    similar=similar if settings.graph_topic > 0 else None,
+                                    linked=linked)
+
+        if not act_t:
+            step()  # the user's first call loads its graph and name vectors (once a process)
+        dt, got = timed(step)
+        act_t.append(dt)
+        reached.append(len(got))
+        seeds_n.append(sum(1 for _m, x in seeds if x > 0))
+    names.close()
 
     search = ms_stats(search_times)
     floor_stats = ms_stats(floor)
@@ -451,17 +486,14 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
         "candidates": pool,
     }
     out["graph"] = {
-        "hops": hops,
-        "entities_in_ms": ms_stats(ent_t),
-        "neighbourhood_ms": ms_stats(hood_t),
-        "top_hits_expansion_ms": ms_stats(top_t),
-        "expansion_total_ms": ms_stats(graph_total),
-        "seeds_mean": statistics.fmean(seeds_n) if seeds_n else 0.0,
+        "hops": settings.graph_hops,
+        "activation_ms": ms_stats(act_t),
+        "spreading_seeds_mean": statistics.fmean(seeds_n) if seeds_n else 0.0,
         "memories_reached_mean": statistics.fmean(reached) if reached else 0.0,
     }
     log.info("n=%d: search p50 %.1f ms, context p50 %.1f ms, floor p50 %.1f ms, "
              "graph p50 %.2f ms", size, search["p50"], out["search"]["context_ms"]["p50"],
-             floor_stats["p50"], out["graph"]["expansion_total_ms"]["p50"])
+             floor_stats["p50"], out["graph"]["activation_ms"]["p50"])
 
     if profile_to is not None:
         out["profile"] = profile_calls(
@@ -685,7 +717,7 @@ def rest_rate(data_dir: Path, user: str, queries: list[str], *, seconds: float,
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = ("| memories | add_many /s | embed-only /s | embed share | add() p50 ms "
             "| search p50/p95 ms | context p50/p95 ms | floor p50 ms (embed+chroma) "
-            "| search/floor | lexical p50 ms | graph expand p50 ms | graph load ms | RSS MB "
+            "| search/floor | lexical p50 ms | graph step p50 ms | graph load ms | RSS MB "
             "| bytes/memory |")
     lines = [head, "|" + "---|" * 14]
     for r in rows:
@@ -699,14 +731,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {s['context_ms']['p50']:.1f} / {s['context_ms']['p95']:.1f} "
             f"| {s['floor_ms']['p50']:.1f} ({s['floor_embed_ms']['p50']:.1f}+"
             f"{s['floor_chroma_ms']['p50']:.1f}) | {s['search_over_floor_p50']:.1f}x "
-            f"| {s['lexical_ms']['p50']:.2f} | {g['expansion_total_ms']['p50']:.2f} "
+            f"| {s['lexical_ms']['p50']:.2f} | {g['activation_ms']['p50']:.2f} "
             f"| {g['load_ms']['p50']:.0f} "
             f"| {r['memory']['rss_mb'] or r['memory']['peak_rss_mb']:.0f} "
             f"| {r['disk']['bytes_per_memory']:,.0f} |"
         )
     lines += ["", "Where search time goes (p50 ms, each part timed alone on the same store)", "",
               "| memories | search | embed query | chroma query | chroma query where current "
-              "| get by ids where current (ids) | get by ids | lexical | graph expand |",
+              "| get by ids where current (ids) | get by ids | lexical | graph step |",
               "|" + "---|" * 9]
     for r in rows:
         s, g = r["search"], r["graph"]
@@ -716,7 +748,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {s['chroma_query_where_current_ms']['p50']:.1f} "
             f"| {s['chroma_get_by_ids_where_current_ms']['p50']:.1f} ({s['ids_fetched_mean']:.0f}) "
             f"| {s['chroma_get_by_ids_ms']['p50']:.1f} | {s['lexical_ms']['p50']:.2f} "
-            f"| {g['expansion_total_ms']['p50']:.2f} |"
+            f"| {g['activation_ms']['p50']:.2f} |"
         )
     return "\n".join(lines)
 

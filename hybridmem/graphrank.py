@@ -59,8 +59,11 @@ picks the same memories in an export/import copy of the user.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
 
 from hybridmem._graphstate import UserGraph
 
@@ -126,9 +129,16 @@ def activate(
     keys of the entities the query names. ``hops=0``: only the query's entities spread. Seeds
     of mass 0 do not spread but may get query focus and topic. ``similar`` (names -> cosine to
     the query) enables the topic signal of weight ``topic``. ``linked``: (node key, mass) of
-    nodes whose names are close to the query (see "query linking" above)."""
+    nodes whose names are close to the query (see "query linking" above).
+
+    How it is fast (a search calls it once; at 10k memories it gives ~1,000 contributions):
+    each memory's sum, largest contribution, its path and least hop live in one list, updated
+    inline, and a path label is formatted once per node or seed, not per memory it reaches.
+    The order of the contributions each memory gets is that of the definition above, so every
+    float sum, tie and path is the same as a plain loop's."""
     g = st.graph
-    total = max(len(st.mem_nodes), len(st.prevs) + 1, 2)
+    nodes, mem_nodes, prevs, nexts = g.nodes, st.mem_nodes, st.prevs, st.nexts
+    total = max(len(mem_nodes), len(prevs) + 1, 2)
     log_n = math.log(total + 1)
     spec_cache: dict[str, float] = {}
 
@@ -136,7 +146,7 @@ def activate(
         """IDF-like specificity; 0 for what is never expanded."""
         found = spec_cache.get(key)
         if found is None:
-            attrs = g.nodes[key]
+            attrs = nodes[key]
             df = len(attrs["memory_ids"])
             expandable = attrs["type"] not in UNEXPANDED_TYPES and 0 < df <= max_fanout
             found = spec_cache[key] = (
@@ -144,18 +154,27 @@ def activate(
             )
         return found
 
-    score: dict[str, float] = {}
-    best: dict[str, float] = {}
-    path: dict[str, str] = {}
-    hop: dict[str, int] = {}
+    #: memory id -> [signal, largest contribution, its path, least hop]
+    acc: dict[str, list[Any]] = {}
 
-    def give(memory_id: str, mass: float, label: str, h: int) -> None:
+    def give(targets: Iterable[str], mass: float, label: str, h: int,
+             skip: str | None = None) -> None:
+        """One contribution of ``mass`` to each of ``targets`` (but ``skip``)."""
         if mass <= 0:
             return
-        score[memory_id] = score.get(memory_id, 0.0) + mass
-        if mass > best.get(memory_id, 0.0):
-            best[memory_id], path[memory_id] = mass, label
-        hop[memory_id] = min(hop.get(memory_id, h), h)
+        get = acc.get
+        for m in targets:
+            if m == skip:
+                continue
+            a = get(m)
+            if a is None:
+                acc[m] = [mass, mass, label, h]
+            else:
+                a[0] += mass
+                if mass > a[1]:
+                    a[1], a[2] = mass, label
+                if h < a[3]:
+                    a[3] = h
 
     own = dict.fromkeys(query_entities)
     starts = [(k, QUERY_MASS, "named in the query") for k in own]
@@ -163,27 +182,31 @@ def activate(
     for key, mass, why in starts:
         if key not in g or not spec(key) or mass <= 0:
             continue
-        mids = g.nodes[key]["memory_ids"]
-        share = mass * spec(key) / len(mids)
-        name = g.nodes[key]["name"]
-        for m in mids:
-            give(m, share, f"{name} ({why})", 0)
+        attrs = nodes[key]
+        mids = attrs["memory_ids"]
+        give(mids, mass * spec(key) / len(mids), f"{attrs['name']} ({why})", 0)
 
     names = {m: f"hit {i}" for i, (m, _x) in enumerate(seeds, 1)}
     frontier = [(m, x, names[m]) for m, x in seeds if x > 0]
     damping = 1.0
     for step in range(1, hops + 1):
-        reached: dict[str, float] = {}
+        reached: dict[str, float] | None = {} if step < hops else None  # the next frontier
+
+        def passed(targets: Iterable[str], mass: float, skip: str | None = None) -> None:
+            if reached is not None and mass > 0:
+                for m in targets:
+                    if m != skip:
+                        reached[m] = reached.get(m, 0.0) + mass
+
         for source, mass, label in frontier:
-            for near, where in ((st.prevs.get(source), "before"), (st.nexts.get(source), "after")):
+            for near, where in ((prevs.get(source), "before"), (nexts.get(source), "after")):
                 if near is not None and near != source:
                     moved = damping * mass * episodic
-                    give(near, moved, f"said just {where} {label}", step)
-                    if moved > 0:
-                        reached[near] = reached.get(near, 0.0) + moved
+                    give((near,), moved, f"said just {where} {label}", step)
+                    passed((near,), moved)
             if session > 0 and step == 1:
                 around: list[str] = []
-                for links in (st.prevs, st.nexts):
+                for links in (prevs, nexts):
                     cur = links.get(source)
                     cur = links.get(cur) if cur is not None else None  # the neighbour has its share
                     for _ in range(session_span):
@@ -191,58 +214,63 @@ def activate(
                             break
                         around.append(cur)
                         cur = links.get(cur)
-                for m in around:
-                    give(m, damping * mass * session / len(around),
+                if around:
+                    give(around, damping * mass * session / len(around),
                          f"said in the same conversation as {label}", step)
             # sorted: a set's order changes with PYTHONHASHSEED, and it decides the order of
             # the float sums and which of two equal contributions names the path
-            keys = sorted(k for k in st.mem_nodes.get(source, ()) if spec(k) > 0)
+            keys = sorted(k for k in mem_nodes.get(source, ()) if spec(k) > 0)
             for key in keys:
-                mids = g.nodes[key]["memory_ids"]
+                attrs = nodes[key]
+                mids = attrs["memory_ids"]
                 if len(mids) < 2:
                     continue
                 share = damping * mass * (1.0 - episodic) * spec(key) / len(keys) / len(mids)
-                name = g.nodes[key]["name"]
-                for m in mids:
-                    if m != source:
-                        give(m, share, f"{name}, shared with {label}", step)
-                        if share > 0:
-                            reached[m] = reached.get(m, 0.0) + share
+                give(mids, share, f"{attrs['name']}, shared with {label}", step, source)
+                passed(mids, share, source)
         damping *= STEP_DAMPING
-        if step < hops:  # in id order: reached's order is that of sets (see keys above)
-            frontier = [(m, reached[m], path[m]) for m in sorted(reached)]
-    named = [k for k in dict.fromkeys(query_entities)
-             if k in g and g.nodes[k]["type"] not in UNEXPANDED_TYPES]
-    pool = [m for m in dict.fromkeys([m for m, _x in seeds] + list(score)) if m in st.mem_nodes]
+        if reached is not None:  # in id order: reached's order is that of sets (see keys above)
+            frontier = [(m, reached[m], acc[m][2]) for m in sorted(reached)]
+    named = [k for k in own if k in g and nodes[k]["type"] not in UNEXPANDED_TYPES]
+    # Focus and topic go to memories of the pool: the seeds and what the spread reached (and
+    # has entities). Each gets at most one contribution of each kind, so their order decides
+    # nothing. A named entity's memories of the pool are found from its own memories (a
+    # person's few dozen), not by walking the pool (~1,000 at 10k memories).
+    in_seeds = dict.fromkeys(m for m, _x in seeds)
+    chosen = {k: [m for m in nodes[k]["memory_ids"] if m in acc or m in in_seeds] for k in named}
     if focus > 0:
         for key in named:
-            mids, name = g.nodes[key]["memory_ids"], g.nodes[key]["name"]
-            for m in pool:
-                if m in mids:
-                    give(m, focus / len(named), f"{name} (named in the query)", 0)
+            give(chosen[key], focus / len(named), f"{nodes[key]['name']} (named in the query)", 0)
     if topic > 0 and similar is not None:
+        if named:  # the memories that name the query's entities
+            pool: AbstractSet[str] = set().union(*chosen.values())
+        else:
+            pool = {m for m in itertools.chain(in_seeds, acc) if m in mem_nodes}
         _topic(st, pool, named, topic, similar, give)
-    order = sorted(score, key=lambda m: (-score[m], m))
-    return {m: (score[m], hop[m], path[m]) for m in order}
+    order = sorted(acc.items())  # ids ascending, then by signal: ties stay in id order
+    order.sort(key=lambda item: item[1][0], reverse=True)  # (a stable sort, reversed or not)
+    return {m: (a[0], a[3], a[2]) for m, a in order}
 
 
-def _topic(st: UserGraph, pool: Sequence[str], named: Sequence[str], topic: float,
-           similar: Similar, give: Callable[[str, float, str, int], None]) -> None:
-    """The topic signal (see the module docstring): each memory of the pool that names the
-    query's entities (all of the pool when it names none) gets ``topic`` times the best cosine
-    between the query and the names of its other nodes. One ``similar`` call for the pool."""
-    g, own = st.graph, set(named)
-    if own:
-        pool = [m for m in pool if not own.isdisjoint(st.mem_nodes[m])]
-    nodes = g.nodes  # each distinct node looked up once (many memories share one)
-    keys = sorted(k for k in {k for m in pool for k in st.mem_nodes[m]} - own
-                  if nodes[k]["type"] not in UNEXPANDED_TYPES)
-    if not keys:
+Give = Callable[[Iterable[str], float, str, int], None]
+
+
+def _topic(st: UserGraph, pool: AbstractSet[str], named: Sequence[str], topic: float,
+           similar: Similar, give: Give) -> None:
+    """The topic signal (see the module docstring): each memory of ``pool`` (those of the pool
+    that name the query's entities, all of it when it names none) gets ``topic`` times the best
+    cosine between the query and the names of its other nodes. One ``similar`` call."""
+    nodes, mem_nodes, own = st.graph.nodes, st.mem_nodes, set(named)
+    # each distinct node looked up once (many memories share one), in key order
+    attrs = {k: a for k in set().union(*(mem_nodes[m] for m in pool)) - own
+             if (a := nodes[k])["type"] not in UNEXPANDED_TYPES}
+    if not attrs:
         return
-    sims = dict(zip(keys, similar(keys, [nodes[k]["name"] for k in keys]), strict=True))
+    keys = sorted(attrs)
+    sims = dict(zip(keys, similar(keys, [attrs[k]["name"] for k in keys]), strict=True))
     for m in pool:
-        near = [(sims[k], k) for k in st.mem_nodes[m] if k in sims]
+        near = [(cos, k) for k in mem_nodes[m] if (cos := sims.get(k)) is not None]
         if near:
             cos, key = max(near)
             if cos > 0:
-                give(m, topic * cos, f"{g.nodes[key]['name']} (close to the query's topic)", 0)
+                give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)

@@ -222,12 +222,13 @@ class NameVectors:
         one, which is queued for the background filler (a search never embeds)."""
         mine = self._rows(user_id)
         matrix = mine.matrix
+        index, made_from, rows = mine.index, mine.names, matrix.shape[0]
         where: list[int] = []
         at: list[int] = []
         missing: dict[str, str] = {}
         for i, (key, name) in enumerate(zip(keys, names, strict=True)):
-            r = mine.row(key, name)
-            if r is not None and r < matrix.shape[0]:
+            r = index.get(key)  # (_User.row, inline: a search asks for ~100 nodes)
+            if r is not None and made_from[r] == name and r < rows:
                 where.append(i)
                 at.append(r)
             else:

@@ -9,6 +9,7 @@ memory and writes the counts in batches, so a search never waits for a write.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import threading
@@ -182,7 +183,10 @@ class Retriever:
         cands: dict[str, Candidate] = {}
 
         def cand(memory_id: str) -> Candidate:
-            return cands.setdefault(memory_id, Candidate(memory_id))
+            c = cands.get(memory_id)  # (not setdefault: it would build a Candidate every call)
+            if c is None:
+                c = cands[memory_id] = Candidate(memory_id)
+            return c
 
         vector = w.vector > 0 or not w.lexical > 0
         lexical: Future[list[tuple[str, float]]] | None = None
@@ -250,12 +254,11 @@ class Retriever:
             topic=s.graph_topic, similar=similar, linked=linked,
         )
         known = set(found)
-        def strongest(m: str) -> tuple[float, str]:  # ties by id: the cut and ranks are canonical
-            return -reached[m][0], m
-
-        fresh = sorted((m for m in reached if m not in known), key=strongest)
-        ordered = sorted([m for m in reached if m in known] + fresh[:pool], key=strongest)
-        for rank, memory_id in enumerate(ordered, 1):
+        # strongest first, ties by id: the cut and the ranks are canonical
+        strongest = [(-r[0], m) for m, r in reached.items()]
+        fresh = heapq.nsmallest(pool, [t for t in strongest if t[1] not in known])
+        ordered = sorted([t for t in strongest if t[1] in known] + fresh)
+        for rank, (_s, memory_id) in enumerate(ordered, 1):
             c = cand(memory_id)
             c.graph, c.graph_hops, c.graph_path = reached[memory_id]
             c.graph_rank = rank
