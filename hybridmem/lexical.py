@@ -24,10 +24,9 @@ in hindsight would have cost. The build cost is estimated per indexed row and re
 build (10k memories 0.07-0.3 s, 100k 1.1-2.6 s). The copy is built from the file under the
 user's lock (that user's calls wait for it: a build in a background thread would hold a read lock
 on the file just as long, and with the rollback journal a writer waits for that lock anyway),
-kept current by
-this store's own writes, and dropped with the user's connection or when another connection changed
-the file (``PRAGMA data_version``). A one-shot process (the CLI's ``search``) searches once and
-never builds it.
+kept current by this store's own writes, and dropped with the user's connection or when another
+connection changed the file (``PRAGMA data_version``). A one-shot process (the CLI's ``search``)
+searches once and never builds it.
 """
 
 from __future__ import annotations
@@ -199,6 +198,7 @@ class SqliteLexicalIndex(PerUserSqlite):
         return index
 
     def _spend(self, user_id: str, seconds: float) -> None:
+        """Add what an FTS5 search of the user cost to what the copy's build is weighed against."""
         key = user_key(user_id)
         with self._lock:
             if key in self._conns:  # else the connection is gone, and what it spent with it
