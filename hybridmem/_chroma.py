@@ -8,8 +8,8 @@ Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) an
   :func:`graph_collection_name`; both derive from a hash of the user id (Chroma allows only
   ``[a-zA-Z0-9._-]``, so a raw id never becomes a name).
 - Collections are created with ``embedding_function=None`` (Chroma's default embedder downloads a
-  model on first use) and a cosine HNSW index that persists every :data:`HNSW_SYNC_THRESHOLD`
-  records; we always pass our own vectors.
+  model on first use) and a cosine HNSW index that persists every :func:`sync_threshold`
+  records (fewer in embedded mode); we always pass our own vectors.
 - Not found is recognised by class: ``chromadb.errors.NotFoundError``. Checked with chromadb 1.5.9
   against a real embedded client and a real ``chroma run`` server: a missing collection on
   ``get_collection``/``delete_collection``, and every operation (count, get, query, upsert, update,
@@ -46,11 +46,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FILES_PER_INDEX",
+    "EMBEDDED_SYNC_THRESHOLD",
     "HNSW_SYNC_THRESHOLD",
     "CollectionHandles",
     "close_client",
     "archive_collection_name",
     "collection_name",
+    "adopt_sync_threshold",
     "create_collection",
     "drop_collection",
     "get_paged",
@@ -62,6 +64,7 @@ __all__ = [
     "purge_embedded",
     "release_freed_heap",
     "scrub_freed_heap",
+    "sync_threshold",
 ]
 
 T = TypeVar("T")
@@ -240,27 +243,52 @@ def is_not_found(exc: BaseException) -> bool:
 
 
 #: Records between two persists of a collection's HNSW index (Chroma's ``sync_threshold``) in
-#: the collections we create: Chroma's own default, 1,000, set explicitly. At 100 Chroma's single
-#: add grew 1.86x instead of 3.31x from 135 to 10,000 memories (session 4), but each persist
-#: rewrites the index's metadata file in place, and a kill -9 during one left a collection that
-#: Chroma could not reopen ("Error deserializing pickle file", 1 of 4 runs of
-#: tests/test_import_crash.py, session 5): ten times the persists is ten times that window, and
-#: never losing a memory comes before a flatter add.
+#: the collections we create on a Chroma *server*: Chroma's own default, set explicitly.
 HNSW_SYNC_THRESHOLD = 1000
+#: The same in *embedded* collections. Why lower: every add re-reads the log records that wait
+#: for the next persist (up to the threshold; see bench/README.md, session 8), so an add cost
+#: more the longer since the last persist: 16.7 ms at 130 memories, 33.5 ms at 10,030 with 847
+#: waiting (2.0x); at 200 it was 19.7 ms (1.17x), and raw Chroma's single add at 100k memories
+#: went from median 7.4 / p99 15.0 to 5.8 / 13.3 ms (a persist writes the changed part of the
+#: index, not all of it). The price: five times the persists, and so five times the moments in
+#: which a kill -9 can tear the index. Session 5 kept 1,000 because a torn index then lost the
+#: collection; since session 7 embedded collections are checked before first use and a torn one
+#: is rebuilt with no memory lost (:mod:`hybridmem._chromarepair`). A server's index files are
+#: the server's own, and nothing of ours repairs them: there the default stays.
+EMBEDDED_SYNC_THRESHOLD = 200
+
+
+def sync_threshold(client: ClientAPI) -> int:
+    """The ``sync_threshold`` of the collections we create with ``client`` (embedded or server)."""
+    return EMBEDDED_SYNC_THRESHOLD if client.get_settings().is_persistent else HNSW_SYNC_THRESHOLD
 
 
 def create_collection(client: ClientAPI, name: str, metadata: CollectionMeta) -> Collection:
     """Get or create a collection for our own vectors: no embedding function, cosine HNSW that
-    syncs every :data:`HNSW_SYNC_THRESHOLD` records. ``metadata`` and the configuration are only
+    syncs every :func:`sync_threshold` records. ``metadata`` and the configuration are only
     written when the collection is created: an existing collection keeps its own (Chroma ignores
-    the configuration of ``get_or_create_collection`` then; an operator changes one with
+    the configuration of ``get_or_create_collection`` then; see :func:`adopt_sync_threshold`,
+    and an operator changes one with
     ``collection.modify(configuration={"hnsw": {"sync_threshold": N}})``, see the README)."""
     return client.get_or_create_collection(
         name=name,
         embedding_function=None,
-        configuration={"hnsw": {"space": "cosine", "sync_threshold": HNSW_SYNC_THRESHOLD}},
+        configuration={"hnsw": {"space": "cosine", "sync_threshold": sync_threshold(client)}},
         metadata=dict(metadata),
     )
+
+
+def adopt_sync_threshold(client: ClientAPI, collection: Collection) -> bool:
+    """Give an embedded collection that earlier releases created (syncing every
+    :data:`HNSW_SYNC_THRESHOLD`) the current :data:`EMBEDDED_SYNC_THRESHOLD`; True if it was
+    changed. Any other value is an operator's choice and stays. Chroma applies the change from
+    the next process that loads the index on. One metadata write, once per collection."""
+    want = sync_threshold(client)
+    hnsw = (collection.configuration_json or {}).get("hnsw") or {}
+    if want == HNSW_SYNC_THRESHOLD or hnsw.get("sync_threshold") != HNSW_SYNC_THRESHOLD:
+        return False
+    collection.modify(configuration={"hnsw": {"sync_threshold": want}})
+    return True
 
 
 def open_collection(client: ClientAPI, name: str) -> Collection | None:

@@ -170,9 +170,13 @@ class ChromaVectorStore:
                 is not None]
 
     def _opened(self, user_id: str, collection: Collection, archive: bool) -> None:
-        """Vet a freshly opened collection: the embedder must match, and a hot collection of an
-        older layout (schema 1: superseded memories beside current ones) is migrated now."""
+        """Vet a freshly opened collection: the embedder must match, an embedded collection of an
+        earlier release gets the current HNSW sync threshold, and a hot collection of an older
+        layout (schema 1: superseded memories beside current ones) is migrated now."""
         self._check_identity(user_id, collection)
+        if _chroma.adopt_sync_threshold(self._handles.client, collection):
+            log.info("the HNSW index of a collection now persists every %d records",
+                     _chroma.EMBEDDED_SYNC_THRESHOLD)
         if not archive and (collection.metadata or {}).get("schema", 1) < SCHEMA_VERSION:
             self._migrate(user_id, collection)
 

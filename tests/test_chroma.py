@@ -34,7 +34,7 @@ def mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, A
         made.append(_chroma.make_client(**where))
         return made[-1]
 
-    yield {"make": make}
+    yield {"make": make, **where}
     for client in made:
         _chroma.close_client(client)
 
@@ -100,20 +100,45 @@ def test_create_open_drop(mode: dict[str, Any], unique_user: str) -> None:
 def test_created_collections_sync_as_configured_and_existing_ones_keep_their_configuration(
     mode: dict[str, Any], unique_user: str
 ) -> None:
-    """Ours persist their HNSW index every HNSW_SYNC_THRESHOLD records; one made otherwise (here
-    every 500) is opened as it is, until an operator modifies it."""
+    """Ours persist their HNSW index every 200 records embedded, 1,000 on a server; one made
+    otherwise (here every 500) is opened as it is, until an operator modifies it."""
     client = mode["make"]()
+    embedded = client.get_settings().is_persistent
+    assert _chroma.sync_threshold(client) == (200 if embedded else 1000)
     ours = _chroma.create_collection(client, _chroma.collection_name(unique_user), {"a": 1})
-    assert ours.configuration_json["hnsw"]["sync_threshold"] == _chroma.HNSW_SYNC_THRESHOLD
+    assert ours.configuration_json["hnsw"]["sync_threshold"] == _chroma.sync_threshold(client)
     older = client.create_collection(_chroma.collection_name(unique_user + "-old"),
                                      embedding_function=None,
                                      configuration={"hnsw": {"space": "cosine",
                                                              "sync_threshold": 500}})
     opened = _chroma.create_collection(client, older.name, {"a": 1})
     assert opened.id == older.id and opened.configuration_json["hnsw"]["sync_threshold"] == 500
-    opened.modify(configuration={"hnsw": {"sync_threshold": _chroma.HNSW_SYNC_THRESHOLD}})
+    assert not _chroma.adopt_sync_threshold(client, opened)  # an operator's choice stays
+    opened.modify(configuration={"hnsw": {"sync_threshold": 300}})
     again = mode["make"]().get_collection(older.name)
-    assert again.configuration_json["hnsw"]["sync_threshold"] == _chroma.HNSW_SYNC_THRESHOLD
+    assert again.configuration_json["hnsw"]["sync_threshold"] == 300
+
+
+def test_collections_of_earlier_releases_adopt_the_embedded_sync_threshold(
+    mode: dict[str, Any], unique_user: str
+) -> None:
+    """An embedded collection an earlier release made (every 1,000) is changed to every 200 by
+    the vector store's first open, and the next process's index persists at that pace; on a
+    server the collection keeps 1,000."""
+    from hybridmem.vector import ChromaVectorStore
+
+    client = mode["make"]()
+    legacy = client.create_collection(
+        _chroma.collection_name(unique_user), embedding_function=None,
+        metadata={"user_id": unique_user, "embedder": "e", "dimension": 3, "schema": 2},
+        configuration={"hnsw": {"space": "cosine", "sync_threshold": 1000}})
+    legacy.add(ids=["a"], embeddings=[[1.0, 0.0, 0.0]], documents=["a"])
+    where = ({"path": Path(client.get_settings().persist_directory)}
+             if client.get_settings().is_persistent else {"url": mode["url"]})
+    with ChromaVectorStore(embedder_name="e", dimension=3, **where) as store:
+        assert store.count(unique_user) == 1
+    after = mode["make"]().get_collection(legacy.name).configuration_json["hnsw"]
+    assert after["sync_threshold"] == (200 if "path" in where else 1000)
 
 
 def test_handles_cache_create_and_return_none_when_missing(
