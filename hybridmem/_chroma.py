@@ -22,6 +22,7 @@ Both Chroma stores use it: :mod:`hybridmem.vector` (a user's main collection) an
 
 from __future__ import annotations
 
+import logging
 import os
 
 import ctypes
@@ -68,6 +69,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 #: What a collection's own metadata may hold (Chroma's collection metadata is flat scalars).
 CollectionMeta = Mapping[str, Union[str, int, float, bool]]
 #: glibc's mallopt parameter and the byte freed memory is overwritten with.
@@ -288,6 +290,7 @@ def adopt_sync_threshold(client: ClientAPI, collection: Collection) -> bool:
     if want == HNSW_SYNC_THRESHOLD or hnsw.get("sync_threshold") != HNSW_SYNC_THRESHOLD:
         return False
     collection.modify(configuration={"hnsw": {"sync_threshold": want}})
+    log.info("the HNSW index of collection %s now persists every %d records", collection.name, want)
     return True
 
 

@@ -42,18 +42,8 @@ from hybridmem import _chroma
 from hybridmem import _placement as place
 from hybridmem._dirlock import UserLocks
 from hybridmem._layout import rows as _rows
-from hybridmem._layout import (
-    Record,
-    archived,
-    compile_where,
-    matches,
-    parts_of,
-    resolve,
-    residual,
-    stored,
-    to_item,
-    to_record,
-)
+from hybridmem._layout import (Record, archived, compile_where, matches, parts_of, resolve,
+                               residual, stored, to_item, to_record)
 from hybridmem._records import RecordCache, UserRecords
 from hybridmem._chromarepair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
@@ -170,13 +160,11 @@ class ChromaVectorStore:
                 is not None]
 
     def _opened(self, user_id: str, collection: Collection, archive: bool) -> None:
-        """Vet a freshly opened collection: the embedder must match, an embedded collection of an
-        earlier release gets the current HNSW sync threshold, and a hot collection of an older
-        layout (schema 1: superseded memories beside current ones) is migrated now."""
+        """Vet a freshly opened collection: the embedder must match, an embedded one of an earlier
+        release adopts today's HNSW sync threshold, and a hot one of an older layout (schema 1:
+        superseded memories beside current ones) is migrated now."""
         self._check_identity(user_id, collection)
-        if _chroma.adopt_sync_threshold(self._handles.client, collection):
-            log.info("the HNSW index of a collection now persists every %d records",
-                     _chroma.EMBEDDED_SYNC_THRESHOLD)
+        _chroma.adopt_sync_threshold(self._handles.client, collection)
         if not archive and (collection.metadata or {}).get("schema", 1) < SCHEMA_VERSION:
             self._migrate(user_id, collection)
 
