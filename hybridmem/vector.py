@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
+import numpy as np
+
 from hybridmem import _chroma
 from hybridmem import _placement as place
 from hybridmem._dirlock import UserLocks
@@ -54,7 +56,7 @@ from hybridmem.protocols import VectorHit
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
     from chromadb.api.models.Collection import Collection
-    from chromadb.api.types import Include, PyEmbedding
+    from chromadb.api.types import Embedding, Include
 
 __all__ = ["OVERFETCH", "SCHEMA_VERSION", "ChromaVectorStore", "compile_where", "matches"]
 
@@ -266,7 +268,7 @@ class ChromaVectorStore:
         if not items:
             return
         records = self._records_of(user_id, items)
-        vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
+        vectors = self._vectors(embeddings)
         with self._user_lock(user_id), self._coherent(user_id):
             placed = self._placed(user_id, [i.id for i in items])
             for archive in (False, True):
@@ -286,7 +288,8 @@ class ChromaVectorStore:
                               archive=not archive)
             cached = self._records.get(user_id) if self._records is not None else None
             if cached is not None:
-                cached.put((i.id, i.text, stored(r)) for i, r in zip(items, records))
+                cached.put(((i.id, i.text, stored(r)) for i, r in zip(items, records)),
+                           lazy=True)
 
     def update(self, user_id: str, items: Sequence[MemoryItem]) -> None:
         """Replace the fields of existing memories whose text did not change (documents and
@@ -390,12 +393,15 @@ class ChromaVectorStore:
             raise InvalidInputError(f"memory {bad.id} belongs to {bad.user_id!r}, not {user_id!r}")
         return [to_record(i) for i in items]
 
-    def _vector(self, embedding: Sequence[float]) -> builtins.list[float]:
-        if len(embedding) != self._dimension:
-            raise InvalidInputError(
-                f"an embedding has {len(embedding)} dimensions but this store holds "
-                f"{self._dimension}-d vectors of {self._embedder_name!r}")
-        return [float(x) for x in embedding]
+    def _vectors(self, embeddings: Sequence[Sequence[float]]) -> builtins.list[Embedding]:
+        """Float32 rows, Chroma's own type: it would convert lists row by row itself, and a
+        float() per component cost ~4 ms per 64-memory batch (half in the write, half in dedup)."""
+        for e in embeddings:
+            if len(e) != self._dimension:
+                raise InvalidInputError(
+                    f"an embedding has {len(e)} dimensions but this store holds "
+                    f"{self._dimension}-d vectors of {self._embedder_name!r}")
+        return builtins.list(np.asarray(embeddings, dtype=np.float32))
 
     # -- reads ----------------------------------------------------------------------------------
     def get(
@@ -494,7 +500,7 @@ class ChromaVectorStore:
             return []
         if limit <= 0:
             return [[] for _ in embeddings]
-        vectors: builtins.list[PyEmbedding] = [self._vector(e) for e in embeddings]
+        vectors = self._vectors(embeddings)
         cached = self._cached(user_id)
         # A filter that only pins ``current`` is answered by the collection it names, with no
         # over-fetch. Chroma pre-filters any other where by scanning all metadata (~50 ms at 10k
@@ -529,7 +535,7 @@ class ChromaVectorStore:
         return out
 
     def _query(
-        self, user_id: str, vectors: builtins.list[PyEmbedding], limit: int,
+        self, user_id: str, vectors: builtins.list[Embedding], limit: int,
         where: Filter | None, archive: bool, cached: UserRecords | None,
     ) -> builtins.list[builtins.list[_Found]]:
         """Chroma's nearest neighbours; with the records in memory only ids and distances are
