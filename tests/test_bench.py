@@ -154,13 +154,34 @@ def test_storage_runs_on_tiny_sizes(tmp_path: Path) -> None:
     # below Chroma's 1,000-record persist every record written is still in its log
     assert all(row["chroma_log_pending"] >= row["memories"] - 3
                and row["raw_log_pending"] >= row["memories"] - 3 for row in result["add"]["single"])
-    assert result["add"]["add_many"]["floor_per_s"] > 0
+    many = result["add"]["add_many"]
+    assert many["floor_per_s"] > 0 and many["bound"] > 0
+    assert all(many["per_batch_ms"][k] > 0
+               for k in ("ours", "embed", "add", "add_records", "dedup_query"))
+    assert "no store keeping those can pass" in done.stdout
     assert [row["users"] for row in result["users"]] == [5, 10]
     assert all(0 < row["rss_mb"] <= row["max_rss_mb"] + 1 for row in result["users"])
     crash = result["crash"]
     assert (crash["trials"], crash["lost_acknowledged"], crash["store_disagreements"]) == (1, 0, 0)
     assert crash["acknowledged"] >= 0  # how many writes the killed writer had confirmed
     assert "| memories | single add median ms" in done.stdout
+
+
+def test_storage_raw_records_have_the_stores_keys(tmp_path: Path) -> None:
+    """The raw add that prices our metadata sends the keys and value kinds our records have,
+    built from public fields only (bench/ uses the public API)."""
+    from hybridmem import Memory, Settings
+    from hybridmem._layout import stored, to_record
+
+    spec = importlib.util.spec_from_file_location("bench_storage", BENCH / "storage.py")
+    assert spec is not None and spec.loader is not None
+    storage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(storage)
+    with Memory(Settings(data_dir=tmp_path, embedder="hash", extractor="rules")) as mem:
+        (item,) = mem.add_many("u", ["Customer note 1: bought a dock for the desk, order 17"])
+    ours, raw = stored(to_record(item)), storage.record_of(item)
+    assert raw.keys() == ours.keys() and len(raw) == 16
+    assert {k: type(v) for k, v in raw.items()} == {k: type(v) for k, v in ours.items()}
 
 
 def test_latency_ingest_only_then_reuse(tmp_path: Path) -> None:
