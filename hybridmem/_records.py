@@ -58,15 +58,12 @@ class UserRecords:
     #: of a context() at 10k memories. A record that cannot be built is left to fail when read.
     build: Callable[[str, str, Mapping[str, Any]], MemoryItem] | None = None
 
-    def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]], *, lazy: bool = False
-            ) -> None:
-        """Insert or replace records (id, document, metadata). ``lazy``: leave each item to be
-        built (once) when first read: a write's own records, whose builds cost ~4 ms of a
-        64-memory batch's write while a search builds only the few it returns."""
+    def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
+        """Insert or replace records (id, document, metadata)."""
         with self.lock:
             for id_, doc, meta in rows:
                 self._remove(id_)
-                self.rows[id_] = _Row(doc, meta, None if lazy else self._built(id_, doc, meta))
+                self.rows[id_] = _Row(doc, meta, self._built(id_, doc, meta))
                 for name in INDEXED:
                     if name in meta and meta[name] is not None:
                         self.index.setdefault(_key(name, meta[name]), set()).add(id_)
