@@ -106,6 +106,27 @@ def test_a_node_without_a_vector_scores_zero_and_is_filled_in_the_background(
         assert {"pottery class", "acme corp"} <= set(_rows(data, "u"))  # the pool's nodes
 
 
+def test_the_in_memory_budget_counts_allocated_rows_so_many_small_users_stay_bounded(
+    tmp_path: Path,
+) -> None:
+    """A matrix holds more rows than vectors (it doubles); the LRU's budget counts the rows. It
+    counted vectors, so 10,000 one-node users kept 64 rows each in RAM (1 GB RSS in
+    bench/storage.py's users part). Evicted users' vectors come back from their file."""
+    model = Recording()
+    with Memory(Settings(data_dir=tmp_path / "hm"), embedder=model) as mem:
+        names = _names_of(mem, "u0")
+        names._budget = 40  # rows over all users: a few users' worth
+        for n in range(30):
+            mem.add(f"u{n}", f"I signed up for a pottery class at Acme Corp {n}.")
+        held = list(names._users.values())
+        assert names._size == sum(u.capacity for u in held)  # the count is the rows held
+        assert names._size <= 40 + max(u.capacity for u in held)  # the newest user may pass it
+        assert len(held) < 30 and all(len(u) <= u.capacity for u in held)
+        model.calls.clear()
+        assert _topic(mem, "u0", model) > 0.3  # evicted first, reloaded from its file
+        assert model.calls == []  # nothing embedded to get it back
+
+
 def test_vectors_of_another_model_are_never_used_and_are_replaced(tmp_path: Path) -> None:
     data = tmp_path / "hm"
     with Memory(Settings(data_dir=data), embedder=Recording(64)) as mem:
