@@ -116,13 +116,12 @@ class _User:
         self.keys, self.names, self.matrix = list(keys), names, matrix
         self.index = {k: i for i, k in enumerate(keys)}
 
-    def remove(self, key: str) -> bool:
+    def remove(self, key: str) -> None:
         i = self.index.pop(key, None)
         if i is None:
-            return False
+            return
         self.keys[i], self.names[i] = None, ""
         self.matrix[i] = 0.0
-        return True
 
 
 class NameStore(PerUserSqlite):
