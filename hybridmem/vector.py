@@ -222,7 +222,8 @@ class ChromaVectorStore:
         except Exception as exc:
             if not self._background_load:
                 raise
-            log.warning("loading the records of a user failed (%s); reading Chroma", exc)
+            if not isinstance(exc, ClosedError):  # closed meanwhile: nobody waits for them
+                log.warning("loading the records of a user failed (%s); reading Chroma", exc)
             return None
         finally:
             with self._lock:

@@ -364,3 +364,38 @@ def test_purge_leaves_no_bytes_of_a_dropped_user(tmp_path: Path) -> None:
     assert leftovers == []
     with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=path) as store:
         assert store.count("bystander") == 1 and store.count("victim") == 0
+
+
+def test_a_store_closed_while_it_loads_records_in_the_background_warns_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() lands between the two collections' reads of a background load: the load ends
+    quietly (``hybridmem stats`` after a kill -9 printed "loading the records ... failed (the
+    vector store is closed)" after its answer), and close() waits for it."""
+    import threading
+    import time
+
+    entered, release = threading.Event(), threading.Event()
+    real = _chroma.get_paged
+
+    def held(col: Any, **kw: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real(col, **kw)
+
+    store = ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=tmp_path / "chroma",
+                              cache_records=True)
+    put(store, [item("u", "1", "one"), item("u", "2", "two")])
+    monkeypatch.setattr(_chroma, "get_paged", held)
+    vector = EMB.embed_batch(["one"])
+    for _ in range(2):  # the second miss starts the load
+        assert ids([h.item for h in store.query("u", vector, limit=1)[0]]) == ["1"]
+    assert entered.wait(30)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    while not store._closed:  # type: ignore[attr-defined]  # white-box: close() is under way
+        time.sleep(0.001)
+    release.set()
+    closer.join(30)
+    assert not closer.is_alive() and not store._loaders  # type: ignore[attr-defined]
+    assert [r.message for r in caplog.records if r.levelno >= 30] == []
