@@ -35,11 +35,14 @@ for data_dir in sys.argv[2:]:
   with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
     got = {i.id for off in range(0, 2000, 1000) for i in mem.list("alice", limit=1000, offset=off)}
     by_id = sum(1 for i in want["ids"] if mem.get("alice", i).text == want["text"][i])
-    found = sum(1 for i in want["sample"]
-                if any(h.item.id == i for h in mem.search("alice", want["text"][i], limit=5)))
+    missed = [i for i in want["sample"]
+              if not any(h.item.id == i for h in mem.search("alice", want["text"][i], limit=5))]
     history = sum(1 for i in want["sample"] if mem.history("alice", i))
-    print(json.dumps({"listed": len(got & set(want["ids"])), "by_id": by_id, "found": found,
-                      "history": history}), flush=True)
+    why = [[(h.item.id == i, h.breakdown.vector_rank, h.breakdown.lexical_rank, round(h.score, 4))
+            for h in mem.search("alice", want["text"][i], limit=8)] for i in missed]
+    print(json.dumps({"listed": len(got & set(want["ids"])), "by_id": by_id,
+                      "found": len(want["sample"]) - len(missed), "history": history,
+                      "why": why}), flush=True)
 """
 #: One case of each way Chroma reacts (see hybridmem._chromarepair): every call fails, the
 #: process dies (SIGSEGV), calls succeed on a damaged or empty index. (The whole matrix, 5 files
@@ -73,11 +76,16 @@ def _segment(data: Path) -> Path:
 
 
 def _check(want: Path, *data: Path) -> list[dict[str, int]]:
-    """What the checker found in each data dir (all in one child process)."""
+    """What the checker found in each data dir (all in one child process); a sampled memory its
+    own text did not find is shown with the top 8 hits (is it, vector rank, lexical rank,
+    score), so a failure in CI says whether the vector index or the ranking lost it."""
     run = subprocess.run([sys.executable, "-c", CHECKER, str(want), *map(str, data)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
-    return [dict(json.loads(line)) for line in run.stdout.splitlines()[-len(data):]]
+    got = [dict(json.loads(line)) for line in run.stdout.splitlines()[-len(data):]]
+    whys = [g.pop("why") for g in got]
+    assert not any(whys), (got, whys)
+    return got
 
 
 def _tear(path: Path, how: str) -> None:
