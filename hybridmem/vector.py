@@ -567,7 +567,7 @@ class ChromaVectorStore:
 
     def count(self, user_id: str) -> int:
         """How many memories the user has (current and not)."""
-        cached = self._cached(user_id)
+        cached = self._cached(user_id, load=False)  # Chroma counts fast: not a miss to load for
         return len(cached) if cached is not None else sum(self._both(user_id, "count the memories", lambda c: c.count()))
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -230,6 +230,10 @@ def test_reads_by_id_do_not_start_loading_the_record_cache(
         for loader in list(vectors._loaders.values()):  # type: ignore[attr-defined]
             loader.join()
         assert vectors._records.get("u") is not None  # type: ignore[attr-defined]
+    with Memory(settings, embedder=embedder) as mem:  # `hybridmem stats`: a list and a count
+        assert mem.stats("u").memories == 2
+        vectors = mem._stores.vectors
+        assert not vectors._loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
 
 
 def _search_thrice_then_due(mem: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
