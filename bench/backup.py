@@ -4,7 +4,7 @@ user of 10,000 memories, beside the raw floors measured in the same run.
 
 Floors: for a backup, copying the data directory with ``shutil.copytree`` (what a naive file copy
 costs — and it may be torn); for a restore, embedding the texts alone with the same embedder (a
-restore re-embeds everything, see hybridmem.backup). Offline: local MiniLM embedder (or
+restore re-embeds everything, see hybridmem.ops.backup). Offline: local MiniLM embedder (or
 ``--embedder hash``), rule extractor, embedded Chroma.
 
 Usage::

@@ -3,7 +3,7 @@
 
 ``bench/dedup_pairs.tsv`` holds pairs written for this (label 1: the same statement in other
 words, which should merge; label 0: distinct facts, often on the same topic, which must not). Each
-pair is embedded with the local MiniLM embedder and judged by :func:`hybridmem.policy.near_duplicate`
+pair is embedded with the local MiniLM embedder and judged by :func:`hybridmem.write.policy.near_duplicate`
 (the write path's rule: same numbers, and cosine >= threshold or content-word Jaccard >=
 ``dedup_jaccard``) at a range of cosine thresholds. Prints a table; writes JSON to
 ``bench/results/dedup_calibration.json``.
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hybridmem.offline import LocalEmbedder
-    from hybridmem.policy import jaccard, near_duplicate
+    from hybridmem.write.policy import jaccard, near_duplicate
 
     from hybridmem import Settings
 

@@ -7,7 +7,7 @@ batches of 20 as episodes), then times what ``Retriever.search`` asks of the gra
 query, else random ones, masses 1 ... 0.1), the rest of the candidates (:data:`CANDIDATES` in
 all, mass 0: query focus may lift them, as ``ranking.graph_seeds`` passes every candidate) and
 the query's own entities, with the topic signal (Settings ``graph_topic``; the query's cosine to
-node names, by ``hybridmem.names.NameVectors`` itself: every name embedded and stored once, as the
+node names, by ``hybridmem.graph.name_vectors.NameVectors`` itself: every name embedded and stored once, as the
 writes of a Memory do, then read back by a fresh instance as a restarted process would; the
 embedding and the one-off load are printed apart) and without it. Beside it, the previous
 graph step (``entities_in`` + ``neighbourhood`` of the query and of the seeds' entities), so the
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hybridmem.config import Settings
     from hybridmem.extract import RuleExtractor
     from hybridmem.graph import NetworkXGraphStore
-    from hybridmem.names import NameStore, NameVectors
+    from hybridmem.graph.name_vectors import NameStore, NameVectors
     from hybridmem.offline import LocalEmbedder
 
     world, rules, rows = World(), RuleExtractor(), []

@@ -335,7 +335,7 @@ def finish_size(out: dict[str, Any], data_dir: Path, user: str) -> dict[str, Any
 
 def seeds_of(vector_ids: Sequence[str], similarities: Sequence[float],
              lexical: Sequence[tuple[str, float]], settings: Any) -> list[tuple[str, float]]:
-    """The seeds search gives graph activation (hybridmem.ranking's graph_seeds, weighted
+    """The seeds search gives graph activation (hybridmem.read.ranking's graph_seeds, weighted
     fusion): every vector or lexical candidate by its pre-graph score ``vector * cosine +
     lexical * bm25 / best bm25``, best first (ties by id); the ``graph_seeds`` best carry that
     score over ``max(best, 1)`` as mass, the others 0."""
@@ -357,8 +357,8 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
               profile_to: Path | None) -> None:
     """search and context timed beside the floor and each stage alone (into ``out``)."""
     from hybridmem.graph import NetworkXGraphStore
-    from hybridmem.lexical import SqliteLexicalIndex
-    from hybridmem.names import NameStore, NameVectors
+    from hybridmem.sqlite.lexical import SqliteLexicalIndex
+    from hybridmem.graph.name_vectors import NameStore, NameVectors
 
     # Warm-up, then search and context. The warm-up is long enough for the lexical store to build
     # its in-memory copy of the user's index (it does once FTS5 has spent about what the copy

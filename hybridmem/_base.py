@@ -15,11 +15,11 @@ from types import TracebackType
 from typing import TypeVar
 
 from hybridmem import backends
-from hybridmem._lease import WriteLocks
+from hybridmem.replica.lease import WriteLocks
 from hybridmem.config import Settings
 from hybridmem.errors import ClosedError
 from hybridmem.models import Usage, validate_user_id
-from hybridmem.names import NamedGraph, NameVectors
+from hybridmem.graph.name_vectors import NamedGraph, NameVectors
 from hybridmem.protocols import (
     ChatModel,
     Closeable,
@@ -31,9 +31,9 @@ from hybridmem.protocols import (
     TokenCounter,
     VectorStore,
 )
-from hybridmem.bundle import recover_imports
-from hybridmem.retrieval import AccessLog, Extras, Retriever
-from hybridmem.write import UsageMeter, Writer
+from hybridmem.ops.bundle import recover_imports
+from hybridmem.read.retrieval import AccessLog, Extras, Retriever
+from hybridmem.write.writer import UsageMeter, Writer
 
 __all__ = ["MemoryBase"]
 

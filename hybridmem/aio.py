@@ -15,7 +15,7 @@ Concurrency: ``Memory`` is thread-safe and serialises writes per user with its o
 that, writes of one user pass an async per-user gate of :data:`USER_WRITE_SLOTS` before taking a
 thread, so 50 concurrent adds for one user hold at most two worker threads, not all of them, and
 other users' calls keep flowing — while a write whose model call hangs (made outside the user's
-lock, see :mod:`hybridmem.write`) does not hold up that user's next write. Reads (search, context,
+lock, see :mod:`hybridmem.write.writer`) does not hold up that user's next write. Reads (search, context,
 get, list, ...) are not gated: they run in parallel.
 """
 

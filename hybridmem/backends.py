@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hybridmem._chroma import file_limit
-from hybridmem._dirlock import DataDirLock
-from hybridmem._files import remove_tree, user_dir
+from hybridmem.chroma.client import file_limit
+from hybridmem.runtime.locks import DataDirLock
+from hybridmem.runtime.files import remove_tree, user_dir
 from hybridmem.config import Settings
 from hybridmem.errors import EmbedderError, HybridMemError
 from hybridmem.protocols import (
@@ -29,8 +29,8 @@ from hybridmem.protocols import (
 )
 
 if TYPE_CHECKING:
-    from hybridmem._lease import ChromaLeases
-    from hybridmem.names import NameVectors
+    from hybridmem.replica.lease import ChromaLeases
+    from hybridmem.graph.name_vectors import NameVectors
 
 __all__ = [
     "Stores",
@@ -56,7 +56,7 @@ class Stores:
     graph: GraphStore
     history: HistoryLog
     dir_lock: DataDirLock | None = None
-    #: Server mode: the per-user write leases shared by every process (see hybridmem._lease).
+    #: Server mode: the per-user write leases shared by every process (see hybridmem.replica.lease).
     leases: ChromaLeases | None = None
 
     def drop_user(self, settings: Settings, user_id: str) -> None:
@@ -122,7 +122,7 @@ def _open(
     client: Any = None  # server mode: one Chroma client for the three stores
     max_open = _max_open(s)
     if vectors is None:
-        from hybridmem.vector import ChromaVectorStore
+        from hybridmem.chroma.vector import ChromaVectorStore
 
         chroma = ChromaVectorStore(
             embedder_name=embedder.name,
@@ -133,7 +133,7 @@ def _open(
             max_open=max_open,
             # embedded, the data-dir lock makes this store the only writer (while no other
             # Memory of this process opened the dir): reads can be served from memory (see
-            # hybridmem._records); a server is shared, so there they cannot
+            # hybridmem.chroma.record_cache); a server is shared, so there they cannot
             cache_records=dir_lock is not None,
             exclusive=None if dir_lock is None else dir_lock.sole,
             # a torn index is rebuilt from Chroma's records with the configured embedder
@@ -142,37 +142,37 @@ def _open(
         vectors, client = chroma, chroma.client
     if lexical is None:
         if s.chroma_url:  # shared by every process: a cache of the server's documents
-            from hybridmem.shared import ChromaLexicalIndex
+            from hybridmem.replica.graph import ChromaLexicalIndex
 
             lexical = ChromaLexicalIndex(client=client, url=None if client else s.chroma_url)
         else:
-            from hybridmem.lexical import SqliteLexicalIndex
+            from hybridmem.sqlite.lexical import SqliteLexicalIndex
 
             lexical = SqliteLexicalIndex(s.data_dir, max_open=max_open)
     if graph is None:
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
-            from hybridmem.shared import ChromaGraphStore
+            from hybridmem.replica.graph import ChromaGraphStore
 
             graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url,
                                      focus=s.graph_focus, session=s.graph_session)
         else:
-            from hybridmem.graph import NetworkXGraphStore
+            from hybridmem.graph.store import NetworkXGraphStore
 
             graph = NetworkXGraphStore(s.data_dir, max_open=max_open, focus=s.graph_focus,
                                        session=s.graph_session,
                                        exclusive=None if dir_lock is None else dir_lock.sole)
     if history is None:
         if s.chroma_url and client is not None:  # shared by every process, like the graph
-            from hybridmem._sharedhistory import ChromaHistoryLog
+            from hybridmem.replica.history import ChromaHistoryLog
 
             history = ChromaHistoryLog(client)
         else:
-            from hybridmem.history import HistoryStore
+            from hybridmem.sqlite.history import HistoryStore
 
             history = HistoryStore(s.data_dir, max_open=max_open)
     leases = None
     if s.chroma_url and client is not None:  # dedup and supersession across processes
-        from hybridmem._lease import ChromaLeases
+        from hybridmem.replica.lease import ChromaLeases
 
         leases = ChromaLeases(client)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
@@ -189,9 +189,9 @@ def _max_open(s: Settings) -> int:
 
 def name_vectors(s: Settings, graph: GraphStore, model: str,
                  embed: Callable[[Sequence[str]], list[list[float]]]) -> NameVectors:
-    """The name vectors of the graph's topic signal (see :mod:`hybridmem.names`): persisted
+    """The name vectors of the graph's topic signal (see :mod:`hybridmem.graph.name_vectors`): persisted
     beside the user's other files when embedded; in memory only with a Chroma server."""
-    from hybridmem.names import NameStore, NameVectors
+    from hybridmem.graph.name_vectors import NameStore, NameVectors
 
     store = None if s.chroma_url else NameStore(s.data_dir, max_open=_max_open(s))
     return NameVectors(graph, store, embed=embed, model=model)
@@ -235,7 +235,7 @@ def wants_llm_extractor(settings: Settings) -> bool:
 
 def rule_extractor(settings: Settings | None = None) -> Extractor:
     """The offline rule extractor (also the fallback when a model fails)."""
-    from hybridmem.extract import RuleExtractor
+    from hybridmem.extract.rules import RuleExtractor
 
     return RuleExtractor(speakers=settings is None or settings.graph_speakers)
 

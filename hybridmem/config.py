@@ -79,10 +79,10 @@ class Settings(BaseSettings):
     scrub_heap: bool = Field(
         default=True,
         description="Overwrite freed heap memory (glibc M_PERTURB) so erased text cannot reach "
-        "embedded Chroma's index files; see hybridmem._chroma.scrub_freed_heap.",
+        "embedded Chroma's index files; see hybridmem.chroma.client.scrub_freed_heap.",
     )
 
-    # write policy (see hybridmem.policy)
+    # write policy (see hybridmem.write.policy)
     dedup: bool = Field(default=True, description="Merge identical and near-duplicate facts.")
     dedup_jaccard: float = Field(default=0.6, ge=0, le=1)
     dedup_cosine: float = Field(
@@ -93,11 +93,11 @@ class Settings(BaseSettings):
     judge: bool = Field(default=True, description="Ask the LLM about facts in the cosine band.")
     judge_band_min: float = Field(default=0.5, ge=0, le=1)
 
-    # ranking (see hybridmem.ranking for the formula)
+    # ranking (see hybridmem.read.ranking for the formula)
     candidates: int = Field(
         default=50, ge=1, le=1000,
         description="Candidates each retriever fetches before fusion (a search of `limit` results "
-        "fetches at least twice `limit`, at most 500 more; see hybridmem.retrieval.pool_size).",
+        "fetches at least twice `limit`, at most 500 more; see hybridmem.read.retrieval.pool_size).",
     )
     vector_weight: float = Field(default=1.0, ge=0)
     lexical_weight: float = Field(default=1.0, ge=0)
@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     importance_weight: float = Field(default=0.0, ge=0)
     rrf_k: float = Field(default=60.0, gt=0)
     fusion: Literal["rrf", "weighted"] = Field(
-        default="weighted", description="How signals are fused; see hybridmem.ranking."
+        default="weighted", description="How signals are fused; see hybridmem.read.ranking."
     )
     graph_hops: int = Field(
         default=1, ge=0, le=4, description="Steps graph activation spreads from the best hits."
@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     graph_focus: float = Field(
         default=0.4, ge=0, le=2,
         description="Graph signal a hit gets for naming the query's entities, even very common "
-        "ones like the person asked about (0: none); see hybridmem.graphrank.",
+        "ones like the person asked about (0: none); see hybridmem.graph.activation.",
     )
     graph_session: float = Field(
         default=1.0, ge=0, le=1,
@@ -135,13 +135,13 @@ class Settings(BaseSettings):
         description="Graph signal per unit of cosine between the query and the closest entity "
         "or concept name of a memory that names the query's entities (0: off, and no name "
         "vectors are made); node names are embedded when written, never in a search; see "
-        "hybridmem.graphrank and hybridmem.names.",
+        "hybridmem.graph.activation and hybridmem.graph.name_vectors.",
     )
     graph_link: float = Field(
         default=0.0, ge=0, le=2,
         description="Seed mass per unit of cosine of the graph nodes whose names are closest to "
         "the query (the 5 best above cosine 0.3; needs graph_topic > 0 for the name vectors; "
-        "0: off); see hybridmem.graphrank.",
+        "0: off); see hybridmem.graph.activation.",
     )
     graph_speakers: bool = Field(
         default=True,

@@ -2,7 +2,7 @@
 
 Callers write filters in the familiar Chroma-like syntax; :func:`parse_where` validates that once, at
 the boundary, into :data:`Filter` values, and each store compiles them into its own query language
-(:mod:`hybridmem.vector` for Chroma) or evaluates them in Python — with the same meaning on every
+(:mod:`hybridmem.chroma.vector` for Chroma) or evaluates them in Python — with the same meaning on every
 path (a property test checks both return the same ids). The facade builds its own conditions with
 :func:`eq` and :func:`all_of`, so no module above the stores knows how a store spells a filter.
 

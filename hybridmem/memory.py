@@ -4,11 +4,11 @@ It holds no rules of its own. Where each concern lives:
 
 - :mod:`hybridmem._base` — what a Memory is made of (seams, stores) and its lifecycle;
 - :mod:`hybridmem.backends` — which embedder, extractor, counter and stores the settings name;
-- :mod:`hybridmem.write` — the write path (plan, dedup/merge, extraction, apply, supersede);
-- :mod:`hybridmem.retrieval` — hybrid search, access counts, the key-fact/episode cache;
-- :mod:`hybridmem.context` — what enters a context, in what order, within the budget;
-- :mod:`hybridmem.episodes` and :mod:`hybridmem.bundle` — summaries, export and import;
-- :mod:`hybridmem.backup` and :mod:`hybridmem.reembed` — snapshots with rotation, and moving
+- :mod:`hybridmem.write.writer` — the write path (plan, dedup/merge, extraction, apply, supersede);
+- :mod:`hybridmem.read.retrieval` — hybrid search, access counts, the key-fact/episode cache;
+- :mod:`hybridmem.read.context` — what enters a context, in what order, within the budget;
+- :mod:`hybridmem.write.episodes` and :mod:`hybridmem.ops.bundle` — summaries, export and import;
+- :mod:`hybridmem.ops.backup` and :mod:`hybridmem.ops.reembed` — snapshots with rotation, and moving
   memories to another embedder.
 """
 
@@ -25,11 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hybridmem import episodes, policy
+from hybridmem.write import episodes
+from hybridmem.write import policy
 from hybridmem._base import MemoryBase
-from hybridmem.backup import load_snapshot, write_snapshot
-from hybridmem.bundle import export_bundle, import_bundle
-from hybridmem.context import assemble, build_context, section_budgets
+from hybridmem.ops.backup import load_snapshot, write_snapshot
+from hybridmem.ops.bundle import export_bundle, import_bundle
+from hybridmem.read.context import assemble, build_context, section_budgets
 from hybridmem.errors import HybridMemError, InvalidInputError, NotFoundError
 from hybridmem.filters import all_of, eq, memory_filter
 from hybridmem.models import (
@@ -54,8 +55,8 @@ from hybridmem.models import (
 from hybridmem.protocols import (
     ChatMessage,
 )
-from hybridmem.reembed import chroma_client, reembed_user, stored_users
-from hybridmem.retrieval import GRAPH_SEED_HITS
+from hybridmem.ops.reembed import chroma_client, reembed_user, stored_users
+from hybridmem.read.retrieval import GRAPH_SEED_HITS
 
 __all__ = ["Memory"]
 
@@ -130,7 +131,7 @@ class Memory(MemoryBase):
         Each item is a text or a dict of :meth:`add`'s fields. Facts equal to a current memory up to
         case, spacing and punctuation, or near-duplicates of one (token Jaccard / cosine above the
         configured bars), are merged into it instead of stored twice; a fact that contradicts an
-        older one supersedes it (see :mod:`hybridmem.write`). Conversation turns are never merged.
+        older one supersedes it (see :mod:`hybridmem.write.writer`). Conversation turns are never merged.
         Returns one item per input, in order (a merged input returns the memory it merged into).
         """
         self._check(user_id)
@@ -139,7 +140,7 @@ class Memory(MemoryBase):
         requests = [to_request(item) for item in items]
         if not requests:
             return []
-        # the writer takes the user's lock itself, after the model calls (see hybridmem.write)
+        # the writer takes the user's lock itself, after the model calls (see hybridmem.write.writer)
         stored = self._writer.write(user_id, requests, infer=infer)
         self._extras.changed(user_id, stored)
         return stored
@@ -417,9 +418,9 @@ class Memory(MemoryBase):
 
         Sections: key facts (see :meth:`remember`), relations of the top memories, procedures,
         conversation summaries, then memories with their dates (see
-        :func:`hybridmem.context.assemble`). Each section is guaranteed a share of the budget —
+        :func:`hybridmem.read.context.assemble`). Each section is guaranteed a share of the budget —
         ``budgets`` names tokens per section (``{"facts": 150, "episodes": 200}``), the others
-        keep :data:`~hybridmem.context.DEFAULT_SHARES` — and what a section leaves unused goes to
+        keep :data:`~hybridmem.read.context.DEFAULT_SHARES` — and what a section leaves unused goes to
         the others. ``min_score`` and ``as_of`` work as in :meth:`search` (key facts are not
         search hits: they are shown whatever their score). Only currently valid memories are
         shown unless ``include_superseded``; superseded ones are then labelled as such."""
@@ -523,7 +524,7 @@ class Memory(MemoryBase):
             return export_bundle(self._stores, user_id, embedder=self._embedder.name)
 
     def import_(self, user_id: str, bundle: Mapping[str, Any], *, overwrite: bool = False) -> int:
-        """Load an :meth:`export` bundle, all or nothing (see :mod:`hybridmem.bundle`); ids the
+        """Load an :meth:`export` bundle, all or nothing (see :mod:`hybridmem.ops.bundle`); ids the
         user has are refused unless ``overwrite``. Returns the number of memories loaded."""
         self._check(user_id)
         with self._lock(user_id):
@@ -536,7 +537,7 @@ class Memory(MemoryBase):
     def backup(self, dest: str | Path, *, user_id: str | None = None) -> Path:
         """Write a snapshot of every user (or one) into the folder ``dest`` and keep the newest
         ``backup_keep`` there; returns the snapshot's folder. Each user is copied under its lock,
-        while the Memory stays in use (see :mod:`hybridmem.backup`)."""
+        while the Memory stays in use (see :mod:`hybridmem.ops.backup`)."""
         users = [self._check(user_id)] if user_id is not None else stored_users(
             chroma_client(self._stores.vectors))
         bundles = ((u, self.export(u)) for u in users)
@@ -564,7 +565,7 @@ class Memory(MemoryBase):
     def reembed(self, user_id: str | None = None, *,
                 progress: Callable[[str, int, int], None] | None = None) -> int:
         """Move every memory of a user (or of all users) to the configured embedder, and record
-        it as the collection's embedder; resumable after a crash (see :mod:`hybridmem.reembed`).
+        it as the collection's embedder; resumable after a crash (see :mod:`hybridmem.ops.reembed`).
         ``progress(user_id, done, total)`` is called after each page. Returns the memories
         embedded."""
         client = chroma_client(self._stores.vectors)

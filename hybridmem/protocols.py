@@ -1,7 +1,7 @@
 """The seams of hybridmem: each backend is a small Protocol, so tests swap real backends, never mocks.
 
-:mod:`hybridmem.stores` opens the default backends; the write path (:mod:`hybridmem.write`) and
-retrieval (:mod:`hybridmem.retrieval`) use them only through these Protocols. Stores only store:
+:mod:`hybridmem.stores` opens the default backends; the write path (:mod:`hybridmem.write.writer`) and
+retrieval (:mod:`hybridmem.read.retrieval`) use them only through these Protocols. Stores only store:
 extraction, dedup, contradiction handling and ranking live above them. Optional abilities are
 declared as their own Protocols (:class:`BatchExtractor`), never probed with ``hasattr``.
 """
@@ -263,7 +263,7 @@ class GraphStore(Protocol):
         linked: Sequence[tuple[str, float]] = (),
     ) -> dict[str, tuple[float, int, str]]:
         """memory id -> (graph signal, hops, readable path): activation spread from seed memories
-        (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graphrank`);
+        (id, mass) and the entities ``query`` names (see :mod:`hybridmem.graph.activation`);
         ``similar`` maps nodes (keys, names) to their cosine with the query, for the topic signal of
         weight ``topic`` (a store may ignore both)."""
         ...

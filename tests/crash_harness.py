@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridmem import Memory, Settings, _chroma
-from hybridmem._lease import lease_collection_name
+from hybridmem import Memory, Settings
+from hybridmem.chroma import client as _chroma
+from hybridmem.replica.lease import lease_collection_name
 
 USER = "crash-user"
 #: Lease lifetime of the server-mode writers: a dead writer's lease is taken over this soon.

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from hybridmem import Memory, Settings, _chroma
-from hybridmem._layout import to_record
+from hybridmem import Memory, Settings
+from hybridmem.chroma import client as _chroma
+from hybridmem.chroma.layout import to_record
 from hybridmem.filters import eq
 from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder
-from hybridmem.vector import ChromaVectorStore
+from hybridmem.chroma.vector import ChromaVectorStore
 
 EMB = HashEmbedder(32)
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

@@ -171,7 +171,7 @@ def test_storage_raw_records_have_the_stores_keys(tmp_path: Path) -> None:
     """The raw add that prices our metadata sends the keys and value kinds our records have,
     built from public fields only (bench/ uses the public API)."""
     from hybridmem import Memory, Settings
-    from hybridmem._layout import stored, to_record
+    from hybridmem.chroma.layout import stored, to_record
 
     spec = importlib.util.spec_from_file_location("bench_storage", BENCH / "storage.py")
     assert spec is not None and spec.loader is not None

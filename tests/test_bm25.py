@@ -1,4 +1,4 @@
-"""The in-memory copy of a user's lexical index (hybridmem._bm25) answers exactly as FTS5 does:
+"""The in-memory copy of a user's lexical index (hybridmem.sqlite.bm25) answers exactly as FTS5 does:
 same ids, same order (ties in rowid order), same scores, through adds, replacements and deletes;
 and it is dropped when it could be wrong (another connection wrote the file, the user's
 connection was closed, the user was dropped)."""
@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridmem._bm25 import Tokenizer
-from hybridmem._files import user_dir, user_key
-from hybridmem.lexical import FILE_NAME, SqliteLexicalIndex
+from hybridmem.sqlite.bm25 import Tokenizer
+from hybridmem.runtime.files import user_dir, user_key
+from hybridmem.sqlite.lexical import FILE_NAME, SqliteLexicalIndex
 
 # stems that meet ("run"/"running"/"runs"), folded letters ("Café"/"cafe"), numbers, and a word
 # FTS5 splits in two ("wi_fi"), so that phrases go to FTS5

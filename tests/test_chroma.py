@@ -1,4 +1,4 @@
-"""hybridmem._chroma against a real Chroma: an embedded client and a real `chroma run` server."""
+"""hybridmem.chroma.client against a real Chroma: an embedded client and a real `chroma run` server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hybridmem import _chroma
-from hybridmem._files import user_key
+from hybridmem.chroma import client as _chroma
+from hybridmem.runtime.files import user_key
 from hybridmem.errors import (
     ConfigError,
     EmbedderMismatchError,
@@ -125,7 +125,7 @@ def test_collections_of_earlier_releases_adopt_the_embedded_sync_threshold(
     """An embedded collection an earlier release made (every 1,000) is changed to every 200 by
     the vector store's first open, and the next process's index persists at that pace; on a
     server the collection keeps 1,000."""
-    from hybridmem.vector import ChromaVectorStore
+    from hybridmem.chroma.vector import ChromaVectorStore
 
     client = mode["make"]()
     legacy = client.create_collection(
@@ -220,7 +220,7 @@ _SEARCH_MANY = r"""
 import os, sys
 from pathlib import Path
 import numpy as np
-from hybridmem import _chroma
+from hybridmem.chroma import client as _chroma
 root, cap = Path(sys.argv[1]), None if sys.argv[2] == "none" else int(sys.argv[2])
 client = _chroma.make_client(path=root, max_indexes=cap)
 rng = np.random.default_rng(7)
@@ -267,7 +267,7 @@ _REPLACED_CLIENTS = r"""
 import sys
 from pathlib import Path
 import numpy as np
-from hybridmem import _chroma
+from hybridmem.chroma import client as _chroma
 root, release = Path(sys.argv[1]), sys.argv[2] == "release"
 if not release:  # the variant without the fix: what RSS did before
     _chroma.release_freed_heap = lambda: False

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hybridmem import Memory, Settings
-from hybridmem._chromarepair import FILES, torn
-from hybridmem._chroma import collection_name
+from hybridmem.chroma.repair import FILES, torn
+from hybridmem.chroma.client import collection_name
 
 #: More than one HNSW persist (every 1,000 records), so the index files exist.
 N = 1100
@@ -44,7 +44,7 @@ for data_dir in sys.argv[2:]:
                       "found": len(want["sample"]) - len(missed), "history": history,
                       "why": why}), flush=True)
 """
-#: One case of each way Chroma reacts (see hybridmem._chromarepair): every call fails, the
+#: One case of each way Chroma reacts (see hybridmem.chroma.repair): every call fails, the
 #: process dies (SIGSEGV), calls succeed on a damaged or empty index. (The whole matrix, 5 files
 #: x cut/empty/garbage/missing, passed too: 20 of 20, each in its own process.)
 TEARS = [("index_metadata.pickle", "cut"), ("index_metadata.pickle", "missing"),

@@ -1,10 +1,10 @@
-"""Concept phrases found by rule (hybridmem.concepts) and carried by the rule extractor."""
+"""Concept phrases found by rule (hybridmem.extract.concepts) and carried by the rule extractor."""
 
 from __future__ import annotations
 
 import pytest
 
-from hybridmem.concepts import concepts, singular
+from hybridmem.extract.concepts import concepts, singular
 from hybridmem.extract import RuleExtractor
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from datetime import datetime, timezone
 
-from hybridmem.context import ContextCandidate, assemble, build_context, line_of
+from hybridmem.read.context import ContextCandidate, assemble, build_context, line_of
 from hybridmem.models import GraphRelation, Hit, MemoryItem
 from hybridmem.offline import TiktokenCounter
 

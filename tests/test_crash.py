@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import crash_harness
-from hybridmem import DataDirLockedError, Memory, Settings, _chroma
-from hybridmem import _journal as journal
+from hybridmem import DataDirLockedError, Memory, Settings
+from hybridmem.chroma import client as _chroma
+from hybridmem.write import journal
 
 
 def test_a_writer_killed_at_random_loses_nothing_acknowledged(

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridmem import Memory, Settings
-from hybridmem._files import LOCK_STRIPES, user_key, user_lock
-from hybridmem.lexical import SqliteLexicalIndex
+from hybridmem.runtime.files import LOCK_STRIPES, user_key, user_lock
+from hybridmem.sqlite.lexical import SqliteLexicalIndex
 from hybridmem.offline import HashEmbedder
 
 
@@ -61,13 +61,13 @@ def test_update_of_a_text_scrubs_the_old_text_from_history_and_disk(tmp_path: Pa
 
 
 def test_forgetting_erases_name_vectors_byte_for_byte(tmp_path: Path) -> None:
-    """The topic signal's name vectors (hybridmem.names) of a node only the forgotten memory
+    """The topic signal's name vectors (hybridmem.graph.name_vectors) of a node only the forgotten memory
     named leave no byte behind: not its name, not its vector; forgetting the user removes the
     file. (A vector is not text: the test looks for its bytes.)"""
     import sqlite3
 
-    from hybridmem._files import user_dir
-    from hybridmem.names import FILE_NAME
+    from hybridmem.runtime.files import user_dir
+    from hybridmem.graph.name_vectors import FILE_NAME
 
     data = tmp_path / "hm"
     with Memory(Settings(data_dir=data), embedder=HashEmbedder(64)) as mem:

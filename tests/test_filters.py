@@ -25,7 +25,7 @@ from hybridmem.filters import (
     parse_where,
 )
 from hybridmem.models import MemoryItem
-from hybridmem.vector import ChromaVectorStore, matches
+from hybridmem.chroma.vector import ChromaVectorStore, matches
 
 
 def nested(depth: int) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from hybridmem._files import user_dir
+from hybridmem.runtime.files import user_dir
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError
 from hybridmem.extract import RuleExtractor
-from hybridmem import graph as graph_module
-from hybridmem.graph import GRAPH_FILE, LOG_FILE, NetworkXGraphStore
+from hybridmem.graph import store as graph_module
+from hybridmem.graph.store import GRAPH_FILE, LOG_FILE, NetworkXGraphStore
 from hybridmem.models import Entity, Extraction, GraphEntity, GraphRelation, Relation
 from hybridmem.protocols import GraphStore
 
@@ -285,7 +285,7 @@ def test_entities_in_matches_whole_words_longest_first(store: NetworkXGraphStore
         "dell 4k monitor",
         "rog laptop",
     ]
-    # "4K monitor" is a shorter form of the one Dell 4K monitor (hybridmem.resolve): one node
+    # "4K monitor" is a shorter form of the one Dell 4K monitor (hybridmem.graph.resolve): one node
     assert store.entities_in("u", "a 4K monitor from Dell") == ["dell 4k monitor", "dell"]
     assert store.entities_in("u", "Dellish monitors and it") == []  # no partial words, no "it"
     assert store.entities_in("u", "ROG - laptop") == []  # a lone punctuation token ends a name
@@ -443,7 +443,7 @@ def test_rule_extractor_builds_a_useful_graph(store: NetworkXGraphStore) -> None
     found = store.neighbourhood("c1", seeds, hops=1)
     assert found["m7"] == (1, "Dell 4K monitor -complements-> ROG laptop")
     assert "m4" not in found and "m6" not in found  # the speaker is a hub, not a shortcut
-    # "a 4K monitor" (m2) is the one Dell 4K monitor of this user (hybridmem.resolve), so the
+    # "a 4K monitor" (m2) is the one Dell 4K monitor of this user (hybridmem.graph.resolve), so the
     # path goes through what the user wants
     assert store.query_path("c1", "Lyon", "Dell 4K monitor") == [
         "client_123 -lives_in-> Lyon",
@@ -533,7 +533,8 @@ def test_erasing_a_memory_leaves_no_line_of_it(tmp_path: Path) -> None:
 
 CRASH_IN_COMPACTION = r"""
 import os, sys
-from hybridmem import graph, _graphio
+from hybridmem.graph import store as graph
+from hybridmem.graph import fileformat as _graphio
 from hybridmem.graph import NetworkXGraphStore
 from hybridmem.models import Extraction, Relation
 
@@ -565,7 +566,7 @@ def test_a_crash_during_compaction_loses_nothing(tmp_path: Path) -> None:
 def test_a_load_that_replayed_much_folds_the_log_into_the_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hybridmem._files import user_lock
+    from hybridmem.runtime.files import user_lock
 
     monkeypatch.setattr(graph_module, "FOLD_MIN_BYTES", 1)
     writer = NetworkXGraphStore(tmp_path)
@@ -588,7 +589,7 @@ def test_a_load_that_replayed_much_folds_the_log_into_the_snapshot(
 
 
 def test_graph_from_reads_node_link_in_one_checked_pass() -> None:
-    from hybridmem._graphio import graph_from
+    from hybridmem.graph.fileformat import graph_from
 
     g = graph_from({"nodes": [{"id": "alice", "extra": 1}, {"id": "alice", "type": "person"}],
                     "edges": [{"source": "alice", "target": "lyon", "predicates": ["lives_in"],
@@ -639,7 +640,7 @@ def test_a_slow_load_of_one_user_holds_up_no_other_user(
 
 
 def test_keyed_locks_keep_only_keys_in_use() -> None:
-    from hybridmem._keylocks import KeyedLocks
+    from hybridmem.runtime.keylocks import KeyedLocks
 
     locks = KeyedLocks()
     with locks.hold("a"):
@@ -696,7 +697,7 @@ def test_a_load_runs_without_garbage_collections_and_restores_the_collector(
 
 def _general(attrs: dict[str, object]) -> dict[str, object]:
     """An edge's attributes as the general (normalising) path derives them."""
-    from hybridmem._graphio import _evidence, refresh_edge
+    from hybridmem.graph.fileformat import _evidence, refresh_edge
 
     out = dict(attrs)
     out["evidence"] = _evidence(out, "edge")
@@ -705,7 +706,7 @@ def _general(attrs: dict[str, object]) -> dict[str, object]:
 
 
 def test_the_plain_edge_path_derives_what_the_general_path_does() -> None:
-    from hybridmem._graphio import _plain_edge
+    from hybridmem.graph.fileformat import _plain_edge
 
     plain: list[dict[str, object]] = [
         {"evidence": {"lives_in": {"m1": 0.6, "m2": 1.0}, "likes": {"m2": 0.0}}, "extra": [1]},
@@ -734,7 +735,7 @@ def test_the_plain_edge_path_derives_what_the_general_path_does() -> None:
     ({"p": [0.5]}, "is not a {memory id: confidence}"),
 ])
 def test_a_bad_edge_in_a_file_still_names_what_is_wrong(evidence: object, match: str) -> None:
-    from hybridmem._graphio import from_json_bytes
+    from hybridmem.graph.fileformat import from_json_bytes
 
     good = {"source": "a", "target": "b", "evidence": {"p": {"m": 0.5}}}
     bad = {"source": "a", "target": "c", "evidence": evidence}
@@ -748,7 +749,7 @@ def test_a_bad_edge_in_a_file_still_names_what_is_wrong(evidence: object, match:
 
 
 def test_the_edge_index_is_built_when_first_asked_and_kept_current() -> None:
-    from hybridmem._graphstate import UserGraph
+    from hybridmem.graph.state import UserGraph
 
     def eager(st: UserGraph) -> dict[str, set[tuple[str, str]]]:
         out: dict[str, set[tuple[str, str]]] = {}

@@ -1,4 +1,4 @@
-"""Graph activation (hybridmem.graphrank) on a real NetworkXGraphStore: episodic links between the
+"""Graph activation (hybridmem.graph.activation) on a real NetworkXGraphStore: episodic links between the
 memories of one batch, IDF-like specificity, attributes that are never bridges, readable paths."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import networkx as nx
 
 from hybridmem import Memory, Settings
-from hybridmem.graph import GRAPH_FILE, NetworkXGraphStore
+from hybridmem.graph.store import GRAPH_FILE, NetworkXGraphStore
 from hybridmem.models import Entity, Extraction
 from hybridmem.offline import LocalEmbedder
 

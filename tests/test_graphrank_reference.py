@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridmem._graphstate import UserGraph
-from hybridmem.graphrank import QUERY_MASS, STEP_DAMPING, UNEXPANDED_TYPES, activate
+from hybridmem.graph.state import UserGraph
+from hybridmem.graph.activation import QUERY_MASS, STEP_DAMPING, UNEXPANDED_TYPES, activate
 from hybridmem.models import Entity, Extraction
 
 Similar = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -24,7 +24,7 @@ def reference(g0: UserGraph, seeds: Sequence[tuple[str, float]], query_entities:
               *, hops: int, episodic: float, max_fanout: int, focus: float, session: float,
               session_span: int, topic: float, similar: Similar | None,
               linked: Sequence[tuple[str, float]]) -> dict[str, tuple[float, int, str]]:
-    """The definition, one contribution at a time (hybridmem.graphrank before session 8)."""
+    """The definition, one contribution at a time (hybridmem.graph.activation before session 8)."""
     g = g0.graph
     total = max(len(g0.mem_nodes), len(g0.prevs) + 1, 2)
     log_n = math.log(total + 1)

@@ -10,7 +10,7 @@ import random
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridmem._graphstate import UserGraph
+from hybridmem.graph.state import UserGraph
 from hybridmem.extract import RuleExtractor
 
 ROOT = Path(__file__).resolve().parent.parent

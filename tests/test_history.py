@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 import pytest
 
-from hybridmem._files import user_dir
+from hybridmem.runtime.files import user_dir
 from hybridmem.errors import ClosedError, StoreBusyError
-from hybridmem.history import FILE_NAME, HistoryStore
+from hybridmem.sqlite.history import FILE_NAME, HistoryStore
 from hybridmem.models import HistoryEvent
 from hybridmem.protocols import HistoryLog
 
@@ -110,12 +110,12 @@ def test_a_locked_history_is_busy_and_a_failed_write_leaves_nothing(history: His
     assert [(e.memory_id, e.text) for e in history.list("u")] == [("m1", "bought a ROG laptop")]
 
 
-# -- server mode: the history in the Chroma server (hybridmem._sharedhistory) ---------------------
+# -- server mode: the history in the Chroma server (hybridmem.replica.history) ---------------------
 
 def test_the_shared_history_is_one_log_for_every_client(chroma_server: str,
                                                         unique_user: str) -> None:
-    from hybridmem import _chroma
-    from hybridmem._sharedhistory import ChromaHistoryLog
+    from hybridmem.chroma import client as _chroma
+    from hybridmem.replica.history import ChromaHistoryLog
 
     a = ChromaHistoryLog(_chroma.make_client(url=chroma_server))
     b = ChromaHistoryLog(_chroma.make_client(url=chroma_server))

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hybridmem import Memory, Settings, StorageError
-from hybridmem.bundle import IMPORT_FILE
+from hybridmem.ops.bundle import IMPORT_FILE
 from hybridmem.graph import NetworkXGraphStore
 
 #: Two bundles over the same memory ids: "alpha" texts about Lyon, "beta" texts about Paris.

@@ -1,4 +1,4 @@
-"""The per-user write lease through a real `chroma run` (hybridmem._lease): one holder at a
+"""The per-user write lease through a real `chroma run` (hybridmem.replica.lease): one holder at a
 time across clients, a dead holder's lease taken over after it expires with its journal, a holder
 that lost its lease refused, and mutual exclusion under a real race."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from hybridmem import _chroma
-from hybridmem._lease import ChromaLeases, WriteLocks
+from hybridmem.chroma import client as _chroma
+from hybridmem.replica.lease import ChromaLeases, WriteLocks
 from hybridmem.errors import StorageError, StoreBusyError
 
 
@@ -83,7 +83,7 @@ def test_leases_exclude_each_other_under_a_race(chroma_server: str, unique_user:
 
 
 def test_forgetting_a_user_drops_its_lease(chroma_server: str, unique_user: str) -> None:
-    from hybridmem._lease import lease_collection_name
+    from hybridmem.replica.lease import lease_collection_name
 
     a = leases(chroma_server)
     held = a.acquire(unique_user)

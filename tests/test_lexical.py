@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridmem._files import user_dir
-from hybridmem._sqlite import PerUserSqlite
+from hybridmem.runtime.files import user_dir
+from hybridmem.sqlite.base import PerUserSqlite
 from hybridmem.errors import (
     ClosedError,
     CorruptStateError,
@@ -18,7 +18,7 @@ from hybridmem.errors import (
     StorageError,
     StoreBusyError,
 )
-from hybridmem.lexical import FILE_NAME, SqliteLexicalIndex
+from hybridmem.sqlite.lexical import FILE_NAME, SqliteLexicalIndex
 from hybridmem.protocols import LexicalIndex
 from hybridmem.text import content_words
 

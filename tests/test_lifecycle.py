@@ -133,7 +133,7 @@ def test_forget_user_leaves_no_bytes_on_disk(tmp_path: Path, embedder: LocalEmbe
         mem.add("bystander", "I live in Oslo and like skiing.")
         assert _scan(data_dir, [b"QUOKKA"])  # the texts really were on disk
         mem.forget("victim")
-    from hybridmem._files import user_key
+    from hybridmem.runtime.files import user_key
 
     assert _scan(data_dir, [b"QUOKKA", b"ZANZIBAR", b"victim", user_key("victim").encode()]) == []
     with Memory(Settings(data_dir=data_dir), embedder=embedder) as mem:
@@ -217,7 +217,7 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
                 assert not [t for t in old if t in shown.lower()], (sequence, memory_id, old)
         visible = json.dumps([mem.export(u) for u in ERASURE_USERS if u not in dropped]).lower()
     gone = [t for t in tokens if t.lower() not in visible]
-    from hybridmem._files import user_key
+    from hybridmem.runtime.files import user_key
 
     needles = [t.encode() for t in gone]
     needles += [x.encode() for u in dropped for x in (u, user_key(u))]
@@ -227,7 +227,7 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
 def test_the_known_leak_is_caught_without_the_fix(tmp_path: Path) -> None:
     """The scan above sees what a plain delete leaves: Chroma's log and free pages keep the text
     until :meth:`ChromaVectorStore.purge` (so the property test can fail)."""
-    from hybridmem.vector import ChromaVectorStore
+    from hybridmem.chroma.vector import ChromaVectorStore
 
     store = ChromaVectorStore(embedder_name="hash-64", dimension=64, path=tmp_path / "chroma")
     emb = HashEmbedder(64)
@@ -266,7 +266,7 @@ with Memory(Settings(data_dir=Path(sys.argv[1]), scrub_heap=sys.argv[2] == "on")
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
 def test_an_embedded_memory_turns_heap_scrubbing_on(tmp_path: Path) -> None:
-    from hybridmem import _chroma
+    from hybridmem.chroma import client as _chroma
 
     assert _chroma.scrub_freed_heap() is True
     for setting, expected in (("on", "False True"), ("off", "False False")):
@@ -345,7 +345,7 @@ def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embe
 
 TCACHE_PROBE = r"""
 import ctypes
-from hybridmem import _chroma
+from hybridmem.chroma import client as _chroma
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]

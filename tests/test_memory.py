@@ -241,7 +241,7 @@ def _search_thrice_then_due(mem: Memory, monkeypatch: pytest.MonkeyPatch) -> Non
 
     Why: were it due from the first, a loaded machine's gap of more than ACCESS_IDLE between two
     searches is a pause, and the write lands with a count of 1 (CI saw [0, 1] for [0, 3])."""
-    from hybridmem import retrieval
+    from hybridmem.read import retrieval
 
     monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 10**9)
     for _ in range(2):
@@ -255,7 +255,7 @@ def test_access_counts_are_written_in_a_pause_of_the_searches(
 ) -> None:
     import time
 
-    from hybridmem import retrieval
+    from hybridmem.read import retrieval
 
     monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.2)
     items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
@@ -273,7 +273,7 @@ def test_a_background_count_write_goes_in_parts_with_rests(
     ends the rest and writes the remainder at once, every count exact."""
     import time
 
-    from hybridmem import retrieval
+    from hybridmem.read import retrieval
 
     monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.05)
     monkeypatch.setattr(retrieval, "ACCESS_PART", 1)
@@ -299,7 +299,7 @@ def test_a_slow_count_write_puts_off_the_next_one_under_load(
     long: then it waits (1 / ACCESS_SHARE - 1) times that, so counts cost a bounded share."""
     import time
 
-    from hybridmem import retrieval
+    from hybridmem.read import retrieval
 
     monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
     monkeypatch.setattr(retrieval, "ACCESS_IDLE", 600.0)  # no pause is ever long enough

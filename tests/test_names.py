@@ -1,4 +1,4 @@
-"""Name vectors of the graph's topic signal (hybridmem.names), on real parts: a real Memory on
+"""Name vectors of the graph's topic signal (hybridmem.graph.name_vectors), on real parts: a real Memory on
 real files (and a real `chroma run`), a real hashing embedder that records what it is asked to
 embed. A search must never embed a node name; writes make and keep them; forgetting erases them."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hybridmem import Memory, Settings
-from hybridmem._files import user_dir
-from hybridmem.names import FILE_NAME, NameVectors
+from hybridmem.runtime.files import user_dir
+from hybridmem.graph.name_vectors import FILE_NAME, NameVectors
 from hybridmem.offline import HashEmbedder
 
 TURNS = [

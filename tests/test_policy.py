@@ -10,7 +10,7 @@ import pytest
 from hybridmem import Entity, Extraction, Memory, Relation, Settings
 from hybridmem.models import AddRequest, MemoryItem, utcnow
 from hybridmem.offline import LocalEmbedder
-from hybridmem.policy import bumped, conflicting, doomed, merged, near_duplicate
+from hybridmem.write.policy import bumped, conflicting, doomed, merged, near_duplicate
 
 
 def rel(subject: str, predicate: str, obj: str) -> Relation:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridmem.ranking import Candidate, Weights, decay, explain, fuse
+from hybridmem.read.ranking import Candidate, Weights, decay, explain, fuse
 
 RRF = Weights(fusion="rrf")
 
@@ -104,7 +104,7 @@ def test_rrf_score_is_the_documented_formula() -> None:
 
 
 def test_documented_defaults() -> None:
-    from hybridmem.ranking import GRAPH_DAMPING
+    from hybridmem.read.ranking import GRAPH_DAMPING
 
     w = Weights()
     assert (w.vector, w.lexical, w.graph, w.recency, w.importance, w.rrf_k) == (
@@ -123,7 +123,7 @@ def test_ties_rank_in_memory_id_order_whatever_the_input_order() -> None:
 
 
 def test_graph_seeds_give_mass_to_the_best_few_and_list_every_candidate() -> None:
-    from hybridmem.ranking import graph_seeds
+    from hybridmem.read.ranking import graph_seeds
 
     cands = [Candidate("lo", vector=0.2), Candidate("hi", vector=0.8), Candidate("mid", vector=0.5)]
     seeds = graph_seeds(cands, Weights(), 2)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridmem._graphstate import UserGraph
+from hybridmem.graph.state import UserGraph
 from hybridmem.extract import RuleExtractor
-from hybridmem.resolve import compatible, is_form_of
+from hybridmem.graph.resolve import compatible, is_form_of
 from hybridmem.text import entity_key
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridmem import retrieval
+from hybridmem.read import retrieval
 from hybridmem.offline import HashEmbedder
-from hybridmem.retrieval import QueryBatcher
+from hybridmem.read.retrieval import QueryBatcher
 
 
 def test_concurrent_queries_share_model_calls_and_each_gets_its_own_vector() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridmem import _chroma
+from hybridmem.chroma import client as _chroma
 from hybridmem.models import MemoryItem
-from hybridmem.vector import ChromaVectorStore
+from hybridmem.chroma.vector import ChromaVectorStore
 
 #: Past SQLite's default limit of 32,766 variables in one statement.
 N = 40_000

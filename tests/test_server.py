@@ -119,10 +119,10 @@ def test_each_configured_key_is_accepted(service: Service, unique_user: str, key
 def test_logs_name_the_route_template_never_key_user_or_text(
     client: httpx.Client, unique_user: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="hybridmem.server"):
+    with caplog.at_level(logging.INFO, logger="hybridmem.server.app"):
         client.post(memories(unique_user), json={"text": "my locker code is zebra-771"})
         httpx.get(client.base_url.join(memories(unique_user)))  # refused: no key
-    lines = [r.getMessage() for r in caplog.records if r.name == "hybridmem.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hybridmem.server.app"]
     assert any(line.startswith("POST /v1/users/{user_id}/memories 201 ") for line in lines)
     assert any(" 401 " in line for line in lines)
     for secret in ("zebra-771", "beta-key-4567", unique_user):

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from hybridmem import Memory, NotFoundError, Settings, _chroma
+from hybridmem import Memory, NotFoundError, Settings
+from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, StorageError
 from hybridmem.graph import NetworkXGraphStore
 from hybridmem.models import Entity, Extraction, MemoryItem, Relation, utcnow
 from hybridmem.offline import HashEmbedder, LocalEmbedder
-from hybridmem.shared import ChromaGraphStore, ChromaLexicalIndex
-from hybridmem.vector import ChromaVectorStore
+from hybridmem.replica.graph import ChromaGraphStore, ChromaLexicalIndex
+from hybridmem.chroma.vector import ChromaVectorStore
 
 EMB = HashEmbedder(32)
 
@@ -263,7 +264,7 @@ def make_mem(chroma_server: str, tmp_path: Path, embedder: LocalEmbedder) -> Ite
 def test_server_mode_selects_the_shared_stores(make_mem: Any) -> None:
     mem = make_mem()
     stores = mem._stores  # white-box: which backends the settings chose
-    from hybridmem.names import NamedGraph
+    from hybridmem.graph.name_vectors import NamedGraph
 
     assert isinstance(stores.graph, NamedGraph)  # keeps the topic signal's name vectors
     assert isinstance(stores.graph.inner, ChromaGraphStore)
@@ -474,7 +475,7 @@ def test_two_processes_writing_conflicting_facts_keep_one_current_value(
     chroma_server: str, tmp_path: Path, unique_user: str
 ) -> None:
     """Both processes state a new town, the same purchases and a new key fact, interleaved: the
-    lease (hybridmem._lease) makes each plan see the other's writes, so in the end there is one
+    lease (hybridmem.replica.lease) makes each plan see the other's writes, so in the end there is one
     current town, one memory per purchase said twice, one current colour — and both processes
     read the same shared history."""
     script = tmp_path / "conflicts.py"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hybridmem import _chroma
-from hybridmem._placement import changes, over
+from hybridmem.chroma import client as _chroma
+from hybridmem.chroma.placement import changes, over
 from hybridmem.errors import (
     ClosedError,
     EmbedderMismatchError,
@@ -21,7 +21,7 @@ from hybridmem.filters import Filter, all_of, eq, parse_where
 from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder
 from hybridmem.text import text_hash
-from hybridmem.vector import OVERFETCH, ChromaVectorStore
+from hybridmem.chroma.vector import OVERFETCH, ChromaVectorStore
 
 EMB = HashEmbedder(32)
 T0 = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""Model calls run outside the user's lock (hybridmem.write): a hanging endpoint delays only its
+"""Model calls run outside the user's lock (hybridmem.write.writer): a hanging endpoint delays only its
 own add, never another add or a search of the same user — and the plan made before the lock is
 checked again under it, so what changed meanwhile is not duplicated. Real parts: the OpenAI-wire
 test server on 127.0.0.1 (its slow reply hangs until the server is reset), real Chroma in both

@@ -1,0 +1,586 @@
+"""Chroma plumbing, written once: clients, collection names, create/open/drop, stale handles.
+
+Both Chroma stores use it: :mod:`hybridmem.chroma.vector` (a user's main collection) and
+:mod:`hybridmem.replica.graph` (the graph side collection, and a lexical cache of the main collection).
+
+- Clients: embedded (``PersistentClient``) or server (``HttpClient``), telemetry off.
+- Names: a user's main collection is :func:`collection_name`, its graph records
+  :func:`graph_collection_name`; both derive from a hash of the user id (Chroma allows only
+  ``[a-zA-Z0-9._-]``, so a raw id never becomes a name).
+- Collections are created with ``embedding_function=None`` (Chroma's default embedder downloads a
+  model on first use) and a cosine HNSW index that persists every :func:`sync_threshold`
+  records (fewer in embedded mode); we always pass our own vectors.
+- Not found is recognised by class: ``chromadb.errors.NotFoundError``. Checked with chromadb 1.5.9
+  against a real embedded client and a real ``chroma run`` server: a missing collection on
+  ``get_collection``/``delete_collection``, and every operation (count, get, query, upsert, update,
+  delete) on a handle whose collection another client deleted — even if it was re-created since —
+  raise exactly that class in both modes.
+- :class:`CollectionHandles` caches handles; when another process drops a collection the cached
+  handle goes stale, so it is dropped and the call retried once. Every other Chroma failure becomes
+  a :class:`~hybridmem.errors.StorageError` naming the user and the operation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ctypes
+import re
+import shutil
+import sqlite3
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, Union
+from urllib.parse import urlparse
+
+from hybridmem.runtime.files import user_key
+from hybridmem.errors import ConfigError, HybridMemError, StorageError
+
+if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
+    from chromadb.api.models.Collection import Collection
+
+__all__ = [
+    "FILES_PER_INDEX",
+    "EMBEDDED_SYNC_THRESHOLD",
+    "HNSW_SYNC_THRESHOLD",
+    "CollectionHandles",
+    "close_client",
+    "archive_collection_name",
+    "collection_name",
+    "adopt_sync_threshold",
+    "create_collection",
+    "drop_collection",
+    "get_paged",
+    "graph_collection_name",
+    "is_internal",
+    "is_not_found",
+    "make_client",
+    "open_collection",
+    "purge_embedded",
+    "release_freed_heap",
+    "scrub_freed_heap",
+    "sync_threshold",
+]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+#: What a collection's own metadata may hold (Chroma's collection metadata is flat scalars).
+CollectionMeta = Mapping[str, Union[str, int, float, bool]]
+#: glibc's mallopt parameter and the byte freed memory is overwritten with.
+M_PERTURB = -6
+PERTURB_BYTE = 0x5A
+
+
+def scrub_freed_heap() -> bool:
+    """Ask glibc to overwrite freed heap memory and fill new allocations (``M_PERTURB``).
+
+    Why: embedded Chroma's HNSW index persists its whole preallocated capacity, uninitialised, to
+    ``data_level0.bin`` / ``length.bin``. Those bytes can hold freed heap — including the text of a
+    user who was just forgotten — so erasure could leave a copy inside *another* user's index file
+    (seen about once in 25 runs). With ``M_PERTURB`` freed chunks are overwritten — except those
+    glibc's per-thread cache (tcache) keeps, chunks up to ~1 KB (measured: 84 of 100 bytes survived
+    a free and malloc on glibc 2.36); start the process with
+    ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` to cover those too. It is process-wide and
+    costs a memset per malloc/free; ``Settings(scrub_heap=False)`` turns it off. Returns False
+    where it is not available (not Linux/glibc).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_PERTURB, PERTURB_BYTE))
+    except (OSError, AttributeError):
+        return False
+
+
+def release_freed_heap() -> bool:
+    """Give the heap glibc holds free back to the system (``malloc_trim(0)``); False where
+    there is no glibc.
+
+    Why: when a client is replaced (:meth:`CollectionHandles.run`, every ``max_open`` opened
+    collections) embedded Chroma frees the HNSW indexes it had loaded (~2 MB each for a small
+    user, their preallocated capacity), but glibc kept those pages instead of returning them,
+    and the next client did not reuse them all. So RSS grew by about the index cache at each
+    replacement: measured on raw Chroma, 128 one-record collections per client, 367 MB after
+    100 collections and 1,133 MB after 800; with this call after each replacement it stays
+    between 150 and 420 MB (the cache filling and emptying).
+    One call took 16 ms after 128 indexes were freed; it runs once per ``max_open`` users."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+#: The share of the process's file descriptors embedded Chroma may keep open for its HNSW indexes.
+CHROMA_FILE_SHARE = 0.25
+
+
+#: Open files one HNSW index holds in embedded Chroma's cache (4 data files, 1 metadata file):
+#: Chroma caches ``RLIMIT_NOFILE // FILES_PER_INDEX`` indexes, each loaded in RAM.
+FILES_PER_INDEX = 5
+
+
+@contextmanager
+def _file_budget(share: float, cap: int | None = None) -> Iterator[None]:
+    """Let embedded Chroma see only ``share`` of the open-file limit (and at most ``cap`` files)
+    while it starts.
+
+    Why: Chroma sizes its HNSW file cache (4 open files per collection) from ``RLIMIT_NOFILE`` at
+    client creation, as if the whole process were its own, so with one collection per user the
+    process ran out of descriptors (seen at ~200 users under ``ulimit -n 1024``). The soft limit is
+    lowered for the duration of the constructor only and restored at once. ``cap`` also bounds
+    its RAM: every cached index is loaded in memory, so under ``ulimit -n 20000`` Chroma kept up to
+    1,000 users' indexes and RSS grew with every user searched (1.5 GB at 1k users, 2.2 GB at 2k)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 64:
+        yield
+        return
+    lowered = int(soft * share) if cap is None else min(int(soft * share), cap)
+    # never below what is open already (plus room), or the constructor's own opens fail
+    lowered = min(soft, max(64, lowered, _open_descriptors() + 64))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _open_descriptors() -> int:
+    """How many files this process has open (0 where /proc is not there to tell)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def file_limit() -> int | None:
+    """The process's soft open-file limit (None when unlimited or unknown)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def make_client(
+    *, path: Path | None = None, url: str | None = None, max_indexes: int | None = None
+) -> ClientAPI:
+    """An embedded (``path``) or server (``url``) Chroma client with telemetry off; an embedded
+    one keeps at most ``max_indexes`` HNSW indexes open and loaded (never fewer than 12).
+
+    Exactly one of ``path`` and ``url``. A server is contacted at once, so an unreachable one fails
+    here with a :class:`StorageError`."""
+    if (path is None) == (url is None):
+        raise ConfigError("a Chroma client needs exactly one of path= (embedded) or url= (server)")
+    try:
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+    except ImportError as exc:  # pragma: no cover - hard dependency
+        raise ConfigError("chromadb is not installed: pip install hybridmem") from exc
+    chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+    try:
+        if url is not None:
+            parsed = urlparse(url)
+            return chromadb.HttpClient(
+                host=parsed.hostname or "127.0.0.1",
+                port=parsed.port or (443 if parsed.scheme == "https" else 8000),
+                ssl=parsed.scheme == "https",
+                settings=chroma_settings,
+            )
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+        cap = None if max_indexes is None else max_indexes * FILES_PER_INDEX
+        with _file_budget(CHROMA_FILE_SHARE, cap):
+            return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
+    except Exception as exc:
+        where = f"the Chroma server at {url}" if url is not None else f"the Chroma store at {path}"
+        raise StorageError(f"could not open {where}: {exc}") from exc
+
+
+def close_client(client: ClientAPI) -> None:
+    """Release a client made by :func:`make_client` (embedded clients on one path share a
+    reference-counted system, which stops with the last of them); idempotent."""
+    from chromadb.api.client import Client
+
+    if isinstance(client, Client):  # what both constructors return; ClientAPI declares no close
+        client.close()
+
+
+def collection_name(user_id: str) -> str:
+    """The name of the user's main collection (memories, their vectors and documents)."""
+    return user_key(user_id)
+
+
+def archive_collection_name(user_id: str) -> str:
+    """The name of the user's archive collection (memories no longer current, kept out of the
+    index every search queries; see :mod:`hybridmem.chroma.vector`)."""
+    return "a-" + user_key(user_id)
+
+
+def graph_collection_name(user_id: str) -> str:
+    """The name of the user's graph side collection (server mode: one record per extraction)."""
+    return "g-" + user_key(user_id)
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """Whether Chroma said "this collection does not exist" (by class, never by message)."""
+    from chromadb.errors import NotFoundError
+
+    return isinstance(exc, NotFoundError)
+
+
+#: Records between two persists of a collection's HNSW index (Chroma's ``sync_threshold``) in
+#: the collections we create on a Chroma *server*: Chroma's own default, set explicitly.
+HNSW_SYNC_THRESHOLD = 1000
+#: The same in *embedded* collections. Why lower: every add re-reads the log records that wait
+#: for the next persist (up to the threshold; see bench/README.md, session 8), so an add cost
+#: more the longer since the last persist: 16.7 ms at 130 memories, 33.5 ms at 10,030 with 847
+#: waiting (2.0x); at 200 it was 19.7 ms (1.17x), and raw Chroma's single add at 100k memories
+#: went from median 7.4 / p99 15.0 to 5.8 / 13.3 ms (a persist writes the changed part of the
+#: index, not all of it). The price: five times the persists, and so five times the moments in
+#: which a kill -9 can tear the index. Session 5 kept 1,000 because a torn index then lost the
+#: collection; since session 7 embedded collections are checked before first use and a torn one
+#: is rebuilt with no memory lost (:mod:`hybridmem.chroma.repair`). A server's index files are
+#: the server's own, and nothing of ours repairs them: there the default stays.
+EMBEDDED_SYNC_THRESHOLD = 200
+
+
+def sync_threshold(client: ClientAPI) -> int:
+    """The ``sync_threshold`` of the collections we create with ``client`` (embedded or server)."""
+    return EMBEDDED_SYNC_THRESHOLD if client.get_settings().is_persistent else HNSW_SYNC_THRESHOLD
+
+
+def create_collection(client: ClientAPI, name: str, metadata: CollectionMeta) -> Collection:
+    """Get or create a collection for our own vectors: no embedding function, cosine HNSW that
+    syncs every :func:`sync_threshold` records. ``metadata`` and the configuration are only
+    written when the collection is created: an existing collection keeps its own (Chroma ignores
+    the configuration of ``get_or_create_collection`` then; see :func:`adopt_sync_threshold`,
+    and an operator changes one with
+    ``collection.modify(configuration={"hnsw": {"sync_threshold": N}})``, see the README)."""
+    return client.get_or_create_collection(
+        name=name,
+        embedding_function=None,
+        configuration={"hnsw": {"space": "cosine", "sync_threshold": sync_threshold(client)}},
+        metadata=dict(metadata),
+    )
+
+
+def adopt_sync_threshold(client: ClientAPI, collection: Collection) -> bool:
+    """Give an embedded collection that earlier releases created (syncing every
+    :data:`HNSW_SYNC_THRESHOLD`) the current :data:`EMBEDDED_SYNC_THRESHOLD`; True if it was
+    changed. Any other value is an operator's choice and stays. Chroma applies the change from
+    the next process that loads the index on. One metadata write, once per collection."""
+    want = sync_threshold(client)
+    hnsw = (collection.configuration_json or {}).get("hnsw") or {}
+    if want == HNSW_SYNC_THRESHOLD or hnsw.get("sync_threshold") != HNSW_SYNC_THRESHOLD:
+        return False
+    collection.modify(configuration={"hnsw": {"sync_threshold": want}})
+    log.info("the HNSW index of collection %s now persists every %d records", collection.name, want)
+    return True
+
+
+def open_collection(client: ClientAPI, name: str) -> Collection | None:
+    """The collection, or None when it does not exist."""
+    try:
+        return client.get_collection(name=name, embedding_function=None)
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def is_internal(exc: BaseException | None) -> bool:
+    """Whether Chroma failed inside (``chromadb.errors.InternalError``: a torn index is one)."""
+    from chromadb.errors import InternalError
+
+    return isinstance(exc, InternalError)
+
+
+def drop_collection(client: ClientAPI, name: str) -> None:
+    """Delete a collection; one that does not exist is fine."""
+    try:
+        client.delete_collection(name=name)
+    except Exception as exc:
+        if not is_not_found(exc):
+            raise
+
+
+#: Records per Chroma request when :func:`move_not_current` moves them.
+MOVE_BATCH = 1000
+
+
+#: Records one :func:`get_paged` call asks Chroma for.
+READ_PAGE = 10_000
+
+
+def get_paged(col: Collection, *, include: list[str], where: Mapping[str, object] | None = None,
+              limit: int | None = None, offset: int = 0) -> dict[str, list[Any]]:
+    """``col.get`` of ``include`` (ids always) in pages of :data:`READ_PAGE` records: the
+    ``ids``, ``documents``, ``metadatas`` lists of every page, concatenated.
+
+    Why: Chroma's ``get`` of documents or metadatas with no ``where`` and no ``limit`` puts one
+    SQL variable per record into a query and fails above SQLite's 32,766 ("too many SQL
+    variables"): at 100k memories a user's record cache could not load and ``list()`` failed.
+    Pages are read by ``offset`` in Chroma's own order, so the caller holds whatever keeps the
+    collection still between pages (the user's write lock) when it needs a consistent whole."""
+    out: dict[str, list[Any]] = {"ids": [], **{k: [] for k in include}}
+    while limit is None or len(out["ids"]) < limit:
+        want = READ_PAGE if limit is None else min(READ_PAGE, limit - len(out["ids"]))
+        got = col.get(where=where, limit=want, offset=offset or None,  # type: ignore[arg-type]
+                      include=include)  # type: ignore[arg-type]
+        for key in out:
+            out[key].extend(got[key] or [])  # type: ignore[literal-required]
+        offset += len(got["ids"])
+        if len(got["ids"]) < want:
+            break
+    return out
+
+
+def move_not_current(client: ClientAPI, hot: Collection, archive_name: str,
+                     meta: CollectionMeta, *, check: Callable[[Collection], None]) -> int:
+    """Migrate a user's hot collection of schema 1 (see :mod:`hybridmem.chroma.vector`): copy the records
+    that are not current to the archive collection (created with ``meta``, vetted by ``check``),
+    delete them from ``hot``, then mark ``hot`` with ``meta``'s schema. Each step repeats
+    harmlessly, so an interrupted migration is finished at the next open. Returns how many moved."""
+    old = hot.get(where={"current": False}, include=["embeddings", "documents", "metadatas"])
+    ids = list(old["ids"])
+    if ids:
+        archive = create_collection(client, archive_name, meta)
+        check(archive)
+        embeddings, docs, metas = old["embeddings"], old["documents"], old["metadatas"]
+        assert embeddings is not None and docs is not None and metas is not None
+        for lo in range(0, len(ids), MOVE_BATCH):
+            hi = lo + MOVE_BATCH
+            archive.upsert(ids=ids[lo:hi], embeddings=embeddings[lo:hi], documents=docs[lo:hi],
+                           metadatas=metas[lo:hi])
+        for lo in range(0, len(ids), MOVE_BATCH):
+            hot.delete(ids=ids[lo : lo + MOVE_BATCH])
+    hot.modify(metadata={**(hot.metadata or {}), "schema": meta["schema"]})
+    return len(ids)
+
+
+class CollectionHandles:
+    """Cached collection handles of one client, by name. Thread-safe.
+
+    A handle goes stale when another process (or another client in this one) deletes its
+    collection, even if the collection was re-created since: then :meth:`run` drops it and tries
+    once more with a fresh one. ``hint`` is appended to error messages (what to check).
+    """
+
+    def __init__(
+        self,
+        client: ClientAPI,
+        *,
+        hint: str = "",
+        max_open: int = 128,
+        reopen: Callable[[], ClientAPI] | None = None,
+    ) -> None:
+        self.client = client
+        self._hint = hint
+        #: Least recently used first, at most ``max_open`` handles (a handle is cheap to reopen).
+        self._cache: OrderedDict[str, Collection] = OrderedDict()
+        self._max_open = max(1, max_open)
+        #: Embedded Chroma keeps every index it ever opened open (4 files each) until its client
+        #: closes, whatever its cache size says; with ``reopen`` the client is replaced once
+        #: ``max_open`` collections were opened and no call is in flight, so files stay bounded.
+        self._reopen = reopen
+        self._opened = 0
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CollectionHandles(cached={len(self._cache)})"
+
+    def run(
+        self,
+        name: str,
+        call: Callable[[Collection], T],
+        *,
+        user_id: str,
+        what: str,
+        create: CollectionMeta | None = None,
+        check: Callable[[Collection], None] | None = None,
+    ) -> T | None:
+        """``call(collection)``, or None when the collection does not exist.
+
+        With ``create`` (the new collection's metadata) a missing collection is created first.
+        ``check`` vets a freshly opened handle (it may raise a HybridMemError, such as
+        :class:`~hybridmem.errors.EmbedderMismatchError`). Hybridmem's own errors pass through;
+        any other failure becomes a :class:`StorageError` saying ``could not <what> of <user>``.
+        """
+        with self._lock:
+            self._recycle_if_due()
+            self._in_flight += 1
+        try:
+            for attempt in (0, 1):
+                try:
+                    collection = self._handle(name, create, check)
+                    if collection is None:
+                        return None
+                    return call(collection)
+                except HybridMemError:
+                    raise
+                except Exception as exc:
+                    if not is_not_found(exc):
+                        raise self.error(user_id, what, exc) from exc
+                    self.forget(name)
+                    if attempt == 1 and create is not None:
+                        raise self.error(user_id, what, exc) from exc
+            return None  # dropped again right after being reopened: it does not exist now
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    @contextmanager
+    def borrowed(self) -> Iterator[ClientAPI]:
+        """The client, for work outside :meth:`run` (a repair): not replaced while lent."""
+        with self._lock:
+            self._recycle_if_due()
+            self._in_flight += 1
+        try:
+            yield self.client
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _recycle_if_due(self) -> None:
+        """Replace the client (call with the lock held) when it opened too many indexes."""
+        if self._reopen is None or self._opened <= self._max_open or self._in_flight:
+            return
+        self._cache.clear()
+        close_client(self.client)
+        release_freed_heap()  # the old client's indexes, else kept by glibc (see there)
+        self.client = self._reopen()
+        self._opened = 0
+
+    def _handle(
+        self, name: str, create: CollectionMeta | None, check: Callable[[Collection], None] | None
+    ) -> Collection | None:
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached is not None:
+                self._cache.move_to_end(name)
+                return cached
+            if create is not None:
+                collection: Collection | None = create_collection(self.client, name, create)
+            else:
+                collection = open_collection(self.client, name)
+            if collection is not None:
+                if check is not None:
+                    check(collection)
+                self._opened += 1
+                self._cache[name] = collection
+                while len(self._cache) > self._max_open:
+                    self._cache.popitem(last=False)
+            return collection
+
+    def drop(self, name: str, *, user_id: str, what: str) -> None:
+        """Forget the handle and delete the collection (a missing one is fine)."""
+        with self._lock:
+            self._cache.pop(name, None)
+            try:
+                drop_collection(self.client, name)
+            except Exception as exc:
+                raise self.error(user_id, what, exc) from exc
+
+    def forget(self, name: str) -> None:
+        """Drop the cached handle (the next call reopens the collection)."""
+        with self._lock:
+            self._cache.pop(name, None)
+
+    def clear(self) -> None:
+        """Drop every cached handle."""
+        with self._lock:
+            self._cache.clear()
+
+    def error(self, user_id: str, what: str, exc: BaseException) -> StorageError:
+        """A :class:`StorageError` naming the operation and the user, with the hint."""
+        hint = f"; {self._hint}" if self._hint else ""
+        return StorageError(f"could not {what} of {user_id!r}: {exc}{hint}")
+
+
+# -- physical erasure in embedded Chroma's SQLite file --------------------------------------------
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def purge_embedded(path: Path) -> None:
+    """Make deletions and replaced texts physical in the embedded Chroma store at ``path``.
+
+    Where embedded Chroma keeps a deleted or overwritten document, and what is done about it:
+
+    1. its write-ahead log (``embeddings_queue``) keeps every write's document and metadata until
+       the vector index persists (every ~1000 writes); once the metadata segment has applied a
+       write, the log is kept only so the vector index can replay the vector, so the document
+       and metadata of applied writes are blanked to ``{}`` (what Chroma itself writes for a
+       record without them);
+    2. its trigram full-text index keeps postings of deleted documents until its segments merge:
+       ``optimize`` merges them;
+    3. SQLite keeps deleted rows in free pages and in the free space of pages (Chroma's connection
+       does not use ``secure_delete``): VACUUM rewrites the file without them;
+    4. segment folders no collection uses any more are removed.
+    """
+    db = path / "chroma.sqlite3"
+    if not db.exists():
+        return
+    try:
+        conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA secure_delete=ON")
+            live = {row[0] for row in conn.execute("SELECT id FROM segments")}
+            _blank_applied_log(conn)
+            _optimize_fulltext(conn)
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StorageError(f"could not compact {db}: {exc}") from exc
+    for child in path.iterdir():
+        if child.is_dir() and _UUID.match(child.name) and child.name not in live:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _blank_applied_log(conn: sqlite3.Connection) -> None:
+    """Blank documents and metadata in Chroma's log for writes its metadata segment has applied
+    (their vectors stay: the vector index replays them from the log until it persists)."""
+    applied = conn.execute(
+        "SELECT s.collection, m.seq_id FROM segments s JOIN max_seq_id m ON m.segment_id = s.id "
+        "WHERE s.scope = 'METADATA'"
+    ).fetchall()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for collection, seq_id in applied:
+            if not isinstance(seq_id, int):  # an older Chroma stored bytes: leave the log alone
+                continue
+            conn.execute(
+                "UPDATE embeddings_queue SET metadata = '{}' WHERE seq_id <= ? AND topic LIKE ? "
+                "AND metadata IS NOT NULL AND metadata != '{}'",
+                (seq_id, f"%/{collection}"),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _optimize_fulltext(conn: sqlite3.Connection) -> None:
+    """Merge the segments of Chroma's full-text index, dropping postings of deleted documents."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name = 'embedding_fulltext_search'").fetchone()
+    if exists:
+        conn.execute("INSERT INTO embedding_fulltext_search(embedding_fulltext_search) "
+                     "VALUES ('optimize')")

@@ -1,0 +1,600 @@
+"""The ``hybridmem`` command: a thin layer over the Memory class.
+
+Errors print one clear line on stderr and exit non-zero (1: the operation failed, 2: bad usage or
+a bad setting); ``--json`` prints machine-readable output.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from rich.console import Console
+from rich.table import Table
+
+from hybridmem import HybridMemError, Hit, Settings, __version__
+from hybridmem.cli.admin import register as register_admin
+from hybridmem.models import AddRequest, to_request, validate_user_id
+
+if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
+    from hybridmem import Memory
+
+HELP = """Long-term memory for LLM apps, from the command line.
+
+Every command but demo reads HYBRIDMEM_* settings from the environment (see the README's
+configuration table); --data-dir overrides HYBRIDMEM_DATA_DIR. Exit codes: 0 done, 1 the
+operation failed, 2 bad usage or a bad setting."""
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, rich_markup_mode=None)
+out, err = Console(), Console(stderr=True)
+
+DataDirOpt = typer.Option(None, "--data-dir", help="Where memories live (HYBRIDMEM_DATA_DIR).")
+JsonOpt = typer.Option(False, "--json", help="Print JSON.")
+MinScoreOpt = typer.Option(None, min=0.0, help="Leave out hits scoring below this "
+                           "(default: HYBRIDMEM_MIN_SCORE).")
+AsOfOpt = typer.Option(None, formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+                       help="The memory as it stood at this time (UTC).")
+#: Rows per add_many call of ``hybridmem import`` (one embedding batch each).
+IMPORT_CHUNK = 256
+MESSAGE_ROLES = {"user", "assistant", "system"}
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``error: message`` on stderr (no markup, no wrapping) and return the exit to raise."""
+    err.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+def _env_name(field: str) -> str:
+    """The environment variable that sets ``field`` (``openai_api_key`` is read as OPENAI_API_KEY)."""
+    return "OPENAI_API_KEY" if field == "openai_api_key" else f"HYBRIDMEM_{field.upper()}"
+
+
+def _settings(**fields: Any) -> Settings:
+    """Settings from the environment and ``fields``; a bad value exits 2 naming the variable and
+    the problem (never its value: it may be a key)."""
+    try:
+        return Settings(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e.get("loc") else ""
+            name = f"{_env_name(field)} ({field})" if field else "settings"
+            problems.append(f"{name}: {e.get('msg', 'invalid')}")
+        raise _fail("invalid setting " + "; ".join(problems), code=2) from None
+
+
+@contextmanager
+def _memory(data_dir: Optional[Path] = None, *, settings: Settings | None = None) -> Iterator[Memory]:
+    """Open a Memory (environment settings, ``--data-dir`` over them); our errors in one line."""
+    settings = settings if settings is not None else _settings(data_dir=data_dir)
+    try:
+        from hybridmem import Memory
+
+        with Memory(settings) as mem:
+            yield mem
+    except HybridMemError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"hybridmem {__version__}")
+        raise typer.Exit()
+
+
+#: Bounded commands run without the cyclic GC (:func:`main`): all they build lives until exit, and
+#: collections walking chromadb's import and the graph cost 0.3-0.6 s of a 2.2-2.7 s cold search.
+ONE_SHOT = frozenset({"search", "context", "add", "forget", "stats", "export"})
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    if ctx.invoked_subcommand not in ONE_SHOT:  # main() disabled it
+        gc.enable()
+
+
+def _hits_table(title: str, hits: list[Hit]) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False, expand=True)
+    table.add_column("score", justify="right", width=7)
+    table.add_column("memory", ratio=3)
+    table.add_column("why", ratio=2, style="dim")
+    for hit in hits:
+        table.add_row(f"{hit.score:.4f}", hit.item.text, hit.why)
+    return table
+
+
+# -- reading files ---------------------------------------------------------------------------------
+class _Row:
+    """One line of an import file: where it came from, whose it is, and what to store."""
+
+    def __init__(self, where: str, user_id: str, memory: AddRequest | None,
+                 message: dict[str, str] | None) -> None:
+        self.where, self.user_id, self.memory, self.message = where, user_id, memory, message
+
+
+def _jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _fail(f"{path}:{number}: not JSON ({exc.msg})", code=2) from None
+            if not isinstance(value, dict):
+                raise _fail(
+                    f"{path}:{number}: expected a JSON object, got {type(value).__name__}", code=2)
+            yield number, value
+
+
+#: CSV columns that are fields of a memory or of a conversation turn; any other column is kept as
+#: a metadata key (a CSV has no nesting, so that is where an extra column belongs).
+_CSV_FIELDS = set(AddRequest.model_fields) | {"user_id", "role", "content"}
+
+
+def _csv_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            number = reader.line_num
+            if None in row:  # more values than the header has columns
+                extra = row[None]
+                raise _fail(f"{path}:{number}: {len(extra)} value(s) beyond the header's "
+                            f"{len(reader.fieldnames or [])} columns", code=2)
+            fields: dict[str, Any] = {}
+            metadata: dict[str, Any] = {}
+            for key, value in row.items():
+                if value in (None, ""):
+                    continue
+                if key == "metadata":
+                    try:
+                        extra = json.loads(value)
+                    except json.JSONDecodeError:
+                        extra = None
+                    if not isinstance(extra, dict):
+                        raise _fail(f"{path}:{number}: the metadata column must hold a JSON "
+                                    "object", code=2)
+                    metadata.update(extra)
+                elif key in _CSV_FIELDS:
+                    fields[key] = value
+                else:
+                    metadata[key] = value
+            if metadata:
+                fields["metadata"] = metadata
+            yield number, fields
+
+
+def _rows(path: Path, default_user: str | None) -> list[_Row]:
+    """Every row of a JSONL or CSV file, validated before anything is stored: a bad row stops the
+    import with its line number, and nothing of the file has been written."""
+    objects = _csv_objects(path) if path.suffix.lower() == ".csv" else _jsonl_objects(path)
+    rows = []
+    for number, obj in objects:
+        where = f"{path}:{number}"
+        raw_user = obj.pop("user_id", None) or default_user
+        if raw_user is None:
+            raise _fail(f"{where}: no user_id; add one to the row or pass USER", code=2)
+        try:
+            user_id = validate_user_id(raw_user)
+        except HybridMemError as exc:
+            raise _fail(f"{where}: {exc}", code=2) from None
+        if "role" in obj or ("content" in obj and "text" not in obj):  # a conversation turn
+            unknown = set(obj) - {"role", "content"}
+            role, content = obj.get("role", "user"), obj.get("content")
+            if unknown or role not in MESSAGE_ROLES or not isinstance(content, str):
+                raise _fail(
+                    f"{where}: a turn is {{\"role\": \"user|assistant|system\", \"content\": "
+                    f"\"...\"}}" + (f"; unknown field(s) {sorted(unknown)}" if unknown else ""),
+                    code=2)
+            rows.append(_Row(where, user_id, None, {"role": role, "content": content}))
+        else:
+            try:
+                rows.append(_Row(where, user_id, to_request(obj), None))
+            except HybridMemError as exc:
+                raise _fail(f"{where}: {exc}", code=2) from None
+    return rows
+
+
+def _batches(rows: list[_Row]) -> Iterator[tuple[str, list[_Row]]]:
+    """Consecutive rows of one user and one kind (memories or turns), at most IMPORT_CHUNK each,
+    so each row is stored in file order under its own user."""
+    batch: list[_Row] = []
+    for row in rows:
+        if batch and (row.user_id != batch[0].user_id or (row.message is None) != (
+                batch[0].message is None) or len(batch) == IMPORT_CHUNK):
+            yield batch[0].user_id, batch
+            batch = []
+        batch.append(row)
+    if batch:
+        yield batch[0].user_id, batch
+
+
+def _demo_files(data: Optional[Path]) -> tuple[str, str]:
+    """The demo's memories.jsonl and demo_queries.json: from ``--data`` or the installed package."""
+    if data is not None:
+        memories, queries = data / "memories.jsonl", data / "demo_queries.json"
+        if not memories.is_file() or not queries.is_file():
+            raise _fail(f"{data} has no memories.jsonl and demo_queries.json")
+        return memories.read_text(encoding="utf-8"), queries.read_text(encoding="utf-8")
+    shipped = resources.files("hybridmem") / "demo_data"
+    return ((shipped / "memories.jsonl").read_text(encoding="utf-8"),
+            (shipped / "demo_queries.json").read_text(encoding="utf-8"))
+
+
+class _OfflineSettings(Settings):
+    """The demo's settings: keyword arguments only. No ``HYBRIDMEM_*`` variable nor
+    ``OPENAI_API_KEY`` is read, so the demo is offline and the same on every machine."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+OFFLINE = ("offline: local embedder, rule extractor, no endpoint; the demo reads no HYBRIDMEM_* "
+           "variable nor OPENAI_API_KEY")
+
+
+# -- commands --------------------------------------------------------------------------------------
+@app.command()
+def demo(
+    data: Optional[Path] = typer.Option(
+        None, "--data", help="A folder with memories.jsonl and demo_queries.json "
+        "(default: the sample shipped inside the package)."),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="Keep the demo store here (default: a temporary folder)."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Load the shipped e-commerce sample and run its demo queries. Always offline: the local
+    embedder and the rule extractor, whatever the environment says."""
+    memories, queries = _demo_files(data)
+    rows = [json.loads(line) for line in memories.splitlines() if line.strip()]
+    with tempfile.TemporaryDirectory(prefix="hybridmem-demo-") as tmp:
+        settings = _OfflineSettings(
+            data_dir=data_dir or Path(tmp), embedder="local", extractor="rules", chroma_url=None,
+            base_url=None, api_key=None, openai_api_key=None, embedding_base_url=None,
+        )
+        with _memory(settings=settings) as mem:
+            started = time.perf_counter()
+            by_user: dict[str, list[dict[str, Any]]] = {}
+            for row in rows:
+                by_user.setdefault(row.pop("user_id"), []).append(row)
+            for user_id, items in by_user.items():
+                mem.add_many(user_id, items)
+            took = time.perf_counter() - started
+            results = [(q, mem.search(q["user_id"], q["query"], limit=3))
+                       for q in json.loads(queries)]
+            if as_json:
+                print(json.dumps([
+                    {"user_id": q["user_id"], "query": q["query"],
+                     "hits": [h.model_dump(mode="json") for h in hits]}
+                    for q, hits in results
+                ], indent=2))
+                return
+            out.print(f"Loaded {len(rows)} memories of {len(by_user)} customers in {took:.1f}s "
+                      f"(embedder {mem.embedder.name}, extractor "
+                      f"{mem.extractor.name if mem.extractor else 'none'})", highlight=False)
+            out.print(OFFLINE + "\n", highlight=False, markup=False)
+            for q, hits in results:
+                out.print(_hits_table(f"{q['user_id']}: {q['query']}", hits))
+            first = results[0][0]
+            ctx = mem.context(first["user_id"], first["query"], max_tokens=200)
+            out.print(f"\n[bold]context for {first['user_id']!r}[/bold] "
+                      f"({ctx.tokens}/{ctx.max_tokens} tokens, {ctx.encoding}):")
+            out.print(ctx.text, highlight=False, markup=False)
+
+
+@app.command()
+def add(
+    user_id: str,
+    text: str,
+    category: str = typer.Option("general", help="Category of the memory."),
+    importance: float = typer.Option(0.5, min=0.0, max=1.0),
+    kind: str = typer.Option("fact", help="fact, turn, summary or procedure (how-to steps)."),
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Store one memory; prints its id."""
+    with _memory(data_dir) as mem:
+        item = mem.add(user_id, text, category=category, importance=importance, kind=kind)
+        print(item.model_dump_json() if as_json else item.id)
+
+
+@app.command(name="import")
+def import_cmd(
+    args: list[str] = typer.Argument(
+        ..., metavar="[USER] PATH", show_default=False,
+        help="The default user (optional), then the file."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="An export JSON may replace memories whose ids exist."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Import memories from JSONL, CSV or an export JSON.
+
+    JSONL: one object per line, with the fields of a memory (text, category, importance,
+    metadata, ...) or a conversation turn (role, content). CSV: a header naming the same fields;
+    any other column is kept as a metadata key. Each row is stored under its own user_id; USER is
+    the default for rows without one (and the target of an export JSON). Every row is checked
+    before anything is stored: a bad row stops the import with its line number."""
+    if len(args) > 2:
+        raise _fail("give at most USER and PATH", code=2)
+    default_user, path = (None, Path(args[0])) if len(args) == 1 else (args[0], Path(args[1]))
+    if not path.is_file():
+        raise _fail(f"{path} is not a file", code=2)
+    if path.suffix.lower() == ".json":
+        try:
+            bundle = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _fail(f"{path}: not JSON ({exc})", code=2) from None
+        user = default_user or (bundle.get("user_id") if isinstance(bundle, dict) else None)
+        if not isinstance(user, str):
+            raise _fail(f"{path} names no user_id; pass USER", code=2)
+        with _memory(data_dir) as mem:
+            count = mem.import_(user, bundle, overwrite=overwrite)
+        out.print(f"imported {count} memories into {user}", highlight=False, markup=False)
+        return
+    rows = _rows(path, default_user)
+    from rich.progress import track
+
+    count, users = 0, []
+    with _memory(data_dir) as mem:
+        batches = list(_batches(rows))
+        for user_id, batch in track(batches, description="importing", console=err):
+            if batch[0].message is not None:
+                count += len(mem.add_messages(user_id, [r.message for r in batch if r.message]))
+            else:
+                count += len(mem.add_many(user_id, [r.memory for r in batch if r.memory]))
+            if user_id not in users:
+                users.append(user_id)
+    where = users[0] if len(users) == 1 else f"{len(users)} users ({', '.join(users[:5])}" + (
+        ", ...)" if len(users) > 5 else ")")
+    out.print(f"imported {count} memories into {where}", highlight=False, markup=False)
+
+
+@app.command()
+def search(
+    user_id: str,
+    query: str,
+    limit: int = typer.Option(5, min=1, max=1000),
+    min_score: Optional[float] = MinScoreOpt,
+    as_of: Optional[datetime] = AsOfOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Hybrid search of a user's memories, with the reason for each hit."""
+    with _memory(data_dir) as mem:
+        hits = mem.search(user_id, query, limit=limit, min_score=min_score, as_of=as_of)
+        if as_json:
+            print(json.dumps([h.model_dump(mode="json") for h in hits], indent=2))
+        else:
+            out.print(_hits_table(query, hits))
+
+
+@app.command()
+def context(
+    user_id: str,
+    query: str,
+    max_tokens: int = typer.Option(600, min=1),
+    min_score: Optional[float] = MinScoreOpt,
+    as_of: Optional[datetime] = AsOfOpt,
+    budget: list[str] = typer.Option(
+        [], help="SECTION=TOKENS, a section's share (facts, relations, procedures, episodes, "
+        "memories); repeatable."),
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """The token-bounded context that would be sent to the model."""
+    shares = dict(b.partition("=")[::2] for b in budget)
+    if not all(v.strip().isdigit() for v in shares.values()):
+        raise _fail("--budget takes SECTION=TOKENS, e.g. --budget facts=150", code=2)
+    with _memory(data_dir) as mem:
+        ctx = mem.context(user_id, query, max_tokens=max_tokens, min_score=min_score,
+                          as_of=as_of, budgets={k.strip(): int(v) for k, v in shares.items()})
+        if as_json:
+            print(ctx.model_dump_json(indent=2))
+        else:
+            out.print(ctx.text, highlight=False, markup=False)
+            err.print(f"{ctx.tokens}/{ctx.max_tokens} tokens ({ctx.encoding})")
+
+
+@app.command()
+def chat(
+    user_id: str,
+    message: str,
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Answer a message with memory, through the configured endpoint (HYBRIDMEM_BASE_URL)."""
+    with _memory(data_dir) as mem:
+        if not mem.settings.llm_configured:
+            raise _fail("no chat endpoint is configured: set HYBRIDMEM_BASE_URL (with "
+                        "HYBRIDMEM_API_KEY and HYBRIDMEM_CHAT_MODEL as needed), or "
+                        "OPENAI_API_KEY for OpenAI")
+        reply = mem.chat(user_id, message)
+        print(reply.model_dump_json(indent=2) if as_json else reply.text)
+
+
+@app.command()
+def forget(
+    user_id: str,
+    memory_id: Optional[str] = typer.Argument(None, help="One memory; without it, the whole user."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Erase a whole user without asking."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Delete one memory, or everything of a user (asks first; --yes to skip)."""
+    with _memory(data_dir) as mem:
+        if memory_id is None and not yes:
+            count = mem.count(user_id)
+            if not sys.stdin.isatty():
+                raise _fail(f"refusing to erase all {count} memories of {user_id!r} without "
+                            "confirmation: pass --yes", code=2)
+            if not typer.confirm(f"Erase all {count} memories of {user_id!r}?", default=False,
+                                 err=True):
+                err.print("nothing erased", highlight=False)
+                raise typer.Exit(code=1)
+        removed = mem.forget(user_id, memory_id)
+        out.print(f"removed {removed} memor{'y' if removed == 1 else 'ies'}")
+
+
+@app.command()
+def export(
+    user_id: str,
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="File (default: stdout)."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Export everything of a user as JSON."""
+    with _memory(data_dir) as mem:
+        text = json.dumps(mem.export(user_id), indent=2, ensure_ascii=False)
+        if output is None:
+            print(text)
+        else:  # a temporary file beside it, then a rename: never a half-written export
+            tmp = output.with_name(f".{output.name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(output)
+
+
+@app.command()
+def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = JsonOpt) -> None:
+    """Counts for one user."""
+    with _memory(data_dir) as mem:
+        data = mem.stats(user_id)
+        if as_json:
+            print(data.model_dump_json())
+        else:
+            for key, value in data.model_dump().items():
+                out.print(f"{key}: {value}")
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve to anything
+        return False
+
+
+SERVER_EXTRA = "pip install 'hybridmem[server]'"
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; off loopback a key is needed."),
+    port: int = typer.Option(8080, min=1, max=65535),
+    data_dir: Optional[Path] = DataDirOpt,
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the REST service (needs the server extra).
+
+    Bearer keys: HYBRIDMEM_SERVER_API_KEY, comma-separated. Accepted Host headers:
+    HYBRIDMEM_SERVER_ALLOWED_HOSTS; by default the loopback names on loopback, any host elsewhere
+    (where a key is required)."""
+    import logging
+
+    if log_level.lower() not in {"debug", "info", "warning", "error"}:
+        raise _fail("--log-level: use debug, info, warning or error", code=2)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise _fail(f"hybridmem serve needs the server extra: {SERVER_EXTRA}") from None
+    settings = _settings(data_dir=data_dir)
+    loopback = _is_loopback(host)
+    if not settings.server_keys() and not loopback:
+        raise _fail(f"refusing to serve on {host} without an API key; set "
+                    "HYBRIDMEM_SERVER_API_KEY (comma-separated for several) or use --host "
+                    "127.0.0.1", code=2)
+    from hybridmem.server import create_app
+
+    level = getattr(logging, log_level.upper(), logging.INFO)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("hybridmem").addHandler(handler)
+    logging.getLogger("hybridmem").setLevel(level)
+    hosts = None if settings.server_allowed_hosts or loopback else ["*"]
+    with _memory(settings=settings) as mem:
+        # One worker: the embedded store belongs to this process; requests run in its threadpool.
+        # uvicorn's access log is off: hybridmem.server logs route templates, not user ids.
+        uvicorn.run(create_app(mem, allowed_hosts=hosts), host=host, port=port,
+                    log_level=log_level.lower(), access_log=False)
+
+
+@app.command()
+def reextract(user_id: str, data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Extract entities again from the memories a failing model left marked for it."""
+    with _memory(data_dir) as mem:
+        count = mem.reextract(user_id)
+        out.print(f"re-extracted {count} memor{'y' if count == 1 else 'ies'}", highlight=False,
+                  markup=False)
+
+
+MCP_EXTRA = "pip install 'hybridmem[mcp]'"
+
+
+@app.command(name="mcp")
+def mcp_command(
+    user: Optional[str] = typer.Option(
+        None, "--user", metavar="ID",
+        help="Serve one user only: the tools then have no user_id parameter."),
+    transport: str = typer.Option(
+        "stdio", "--transport", help="stdio (the default) or http (streamable HTTP on 127.0.0.1)."),
+    port: int = typer.Option(8765, "--port", min=1, max=65535, help="Port of the http transport."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Serve memory tools to MCP clients (agents, IDEs, desktop apps) over stdio or HTTP (needs
+    the mcp extra)."""
+    if transport not in {"stdio", "http"}:
+        raise _fail("--transport: use stdio or http", code=2)
+    settings = _settings(data_dir=data_dir)
+    try:
+        from hybridmem.mcp import run
+    except ImportError:
+        raise _fail(f"hybridmem mcp needs the mcp extra: {MCP_EXTRA}") from None
+    try:
+        run(settings, user_id=user, transport=transport, port=port)
+    except HybridMemError as exc:
+        raise _fail(f"{type(exc).__name__}: {exc}",
+                    code=2 if isinstance(exc, ValueError) else 1) from None
+
+
+register_admin(app, _memory, out, err)  # backup, restore, reembed (hybridmem.cli.admin)
+
+
+def main() -> None:
+    """Console-script entry point (no garbage collector for a :data:`ONE_SHOT` command)."""
+    gc.disable()  # until _main knows the command
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

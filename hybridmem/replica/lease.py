@@ -1,0 +1,299 @@
+"""The user's write lock: within a process a re-entrant lock, and with a Chroma server also a
+*lease* shared by every process, which carries the server-mode journal.
+
+Why: with ``chroma_url`` several processes (on several hosts) write the same users. Dedup and
+supersession read the stores, decide, then write; two processes doing that at once for one user
+would both store the same fact, or both keep their own "current" value of a conflict. So a write
+holds the user's lease while it plans (from the stores as they are then) and applies; the model
+calls run before (see :mod:`hybridmem.write.writer`), so a lease is held for store round trips only.
+
+**The primitive.** Chroma has no compare-and-set, but its ``add`` inserts a record only when its
+id is absent (an existing id is left as it is, silently), and a read after a write sees it. When
+processes ``add`` the same id with different owner tokens and read it back, all of them see the
+same owner: one winner, decided by the server.
+
+**The lease.** The user's side collection ``l-<user key>`` holds numbered *slots* (ids
+``000000000001``, ...). To take the lease, a process reads the slots; if the last is held and
+not expired it waits (polling) ; otherwise it ``add``\\ s the next number with its token and
+reads back: it holds the lease when its token is there and no higher slot exists (a process that
+read a stale listing can only insert a number below the last, and so loses). Slots below the
+holder's are deleted. Releasing marks the slot free.
+
+**The journal** (server mode): before the first store write of a batch, its intent (see
+:mod:`hybridmem.write.journal`) is written into the holder's slot — also renewing the lease, after
+checking it is still the holder's — and cleared after the last. A holder killed mid-batch leaves
+its slot held with the intent; once the lease expires (:data:`LEASE_TTL`), the next process to win
+a slot copies that intent into its own slot (so a second crash loses nothing) and finishes it —
+forward when the batch's vectors landed, back when not — before doing anything else. Any process
+can do it: nothing of the journal is on a local disk.
+
+**Assumptions**, as for any lease without fencing tokens: a holder finishes (or renews, at every
+batch) within :data:`LEASE_TTL` seconds, and hosts' clocks agree to well within it (NTP). A
+holder that finds at its next renewal that it lost the lease raises
+:class:`~hybridmem.errors.StorageError` and writes nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hybridmem.chroma import client as _chroma
+from hybridmem.runtime.locks import UserLocks
+from hybridmem.runtime.files import user_key
+from hybridmem.errors import StorageError, StoreBusyError
+
+if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
+    from chromadb.api.models.Collection import Collection
+    from chromadb.api.types import PyEmbedding
+
+__all__ = ["LEASE_TTL", "ChromaLeases", "Lease", "WriteLocks", "lease_collection_name"]
+
+log = logging.getLogger(__name__)
+#: Seconds a lease lasts without renewal; a dead holder's lease is taken over after this.
+LEASE_TTL = 30.0
+#: Seconds between two looks at a lease another process holds.
+POLL = 0.02
+#: Users whose last lease owner a process remembers.
+MAX_REMEMBERED = 4096
+_UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched
+_SCHEMA = 1
+
+
+def lease_collection_name(user_id: str) -> str:
+    """The name of the user's lease side collection."""
+    return "l-" + user_key(user_id)
+
+
+def _slot(n: int) -> str:
+    return f"{n:012d}"
+
+
+@dataclass
+class Lease:
+    """A held lease: the slot won, the owner token, and (when a dead holder left one) the
+    intent JSON of its unfinished batch, to finish before anything else. ``foreign``: the
+    previous holder was not this process (its writes may not be in this process's caches)."""
+
+    user_id: str
+    slot: int
+    owner: str
+    orphan: str | None = None
+    foreign: bool = True
+    renewed: float = field(default_factory=time.monotonic)  # when its expiry was last pushed
+
+
+class ChromaLeases:
+    """Per-user leases in a Chroma server (see the module docstring). Thread-safe; the client
+    is borrowed (the vector store owns and closes it)."""
+
+    def __init__(self, client: ClientAPI, *, ttl: float = LEASE_TTL, poll: float = POLL) -> None:
+        self._handles = _chroma.CollectionHandles(
+            client, hint="check that the Chroma server at chroma_url is reachable")
+        self.ttl = ttl
+        self._poll = poll
+        #: user key -> this process's last owner token (bounded: a forgotten one means "refresh")
+        self._last_owner: OrderedDict[str, str] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ChromaLeases(ttl={self.ttl})"
+
+    def _run(self, user_id: str, what: str, call: Callable[[Collection], Any], *,
+             create: bool = True) -> Any:
+        """``call`` on the user's lease collection (created if missing unless not ``create``:
+        then None when it is gone, as after :meth:`drop_user`)."""
+        created: _chroma.CollectionMeta = {"kind": "hybridmem-lease", "schema": _SCHEMA}
+        return self._handles.run(lease_collection_name(user_id), call, user_id=user_id,
+                                 what=what, create=created if create else None)
+
+    def drop_user(self, user_id: str) -> None:
+        """Delete the user's lease collection (forgetting a user leaves nothing of it); the
+        holder's release then finds nothing to free."""
+        self._handles.drop(lease_collection_name(user_id), user_id=user_id,
+                           what="delete the write lease")
+
+    def _slots(self, user_id: str) -> dict[int, tuple[dict[str, Any], str]]:
+        got = self._run(user_id, "read the write lease",
+                        lambda c: c.get(include=["metadatas", "documents"]))
+        return {int(i): (dict(m or {}), d or "")
+                for i, m, d in zip(got["ids"], got["metadatas"] or [], got["documents"] or [])}
+
+    def acquire(self, user_id: str, *, timeout: float | None = None) -> Lease:
+        """Wait for the user's lease and take it; :class:`StoreBusyError` after ``timeout``
+        seconds (default: twice the lease's lifetime, by when a dead holder's has expired)."""
+        deadline = time.monotonic() + (2 * self.ttl if timeout is None else timeout)
+        while True:
+            slots = self._slots(user_id)
+            last = max(slots, default=0)
+            meta, doc = slots.get(last, ({}, ""))
+            held = meta.get("state") == "held"
+            if held and float(meta.get("expires", 0)) > time.time():
+                if time.monotonic() > deadline:
+                    raise StoreBusyError(
+                        f"another process is writing the memories of {user_id!r} (its lease "
+                        f"lasts up to {self.ttl:.0f} s); retry later")
+                time.sleep(self._poll)
+                continue
+            orphan = doc if held and doc else None
+            owner, mine = uuid.uuid4().hex, last + 1
+            unit: list[PyEmbedding] = [_UNIT]
+            self._run(user_id, "take the write lease", lambda c: c.add(
+                ids=[_slot(mine)], documents=[orphan or ""], embeddings=unit,
+                metadatas=[{"owner": owner, "state": "held", "expires": time.time() + self.ttl}],
+            ))
+            if self._holds(user_id, mine, owner):
+                stale = [_slot(n) for n in slots if n < mine]
+                if stale:
+                    self._run(user_id, "tidy the write lease", lambda c: c.delete(ids=stale))
+                if orphan:
+                    log.warning("taking over the write lease of a process that died mid-write")
+                with self._guard:
+                    foreign = self._last_owner.get(user_key(user_id)) != meta.get("owner")
+                    self._last_owner[user_key(user_id)] = owner
+                    self._last_owner.move_to_end(user_key(user_id))
+                    while len(self._last_owner) > MAX_REMEMBERED:
+                        self._last_owner.popitem(last=False)
+                return Lease(user_id, mine, owner, orphan, foreign=foreign or not meta)
+
+    def _holds(self, user_id: str, slot: int, owner: str) -> bool:
+        """Whether ``owner`` holds ``slot`` and it is the last slot (the server decides)."""
+        got = self._run(user_id, "check the write lease", lambda c: c.get(include=["metadatas"]))
+        slots = {int(i): dict(m or {}) for i, m in zip(got["ids"], got["metadatas"] or [])}
+        return slots.get(slot, {}).get("owner") == owner and max(slots, default=0) == slot
+
+    def journal(self, lease: Lease, intent: str) -> None:
+        """Write a batch's intent into the lease (``""`` clears it) and renew the lease; raises
+        :class:`StorageError` if another process took it meanwhile (nothing is written then)."""
+        renewed = time.monotonic()
+        # within half its lifetime of the last renewal nobody can have taken it: skip the check
+        if renewed - lease.renewed > self.ttl / 2 and not self._holds(
+                lease.user_id, lease.slot, lease.owner):
+            raise StorageError(
+                f"lost the write lease of {lease.user_id!r} (held past {self.ttl:.0f} s?); the "
+                "write was not applied, retry it")
+        unit: list[PyEmbedding] = [_UNIT]  # Chroma re-embeds a changed document otherwise
+        self._run(lease.user_id, "write the journal", lambda c: c.update(
+            ids=[_slot(lease.slot)], documents=[intent], embeddings=unit,
+            metadatas=[{"owner": lease.owner, "state": "held",
+                        "expires": time.time() + self.ttl}]))
+        lease.renewed = renewed
+
+    def release(self, lease: Lease) -> None:
+        """Mark the lease free (its journal cleared); a lease already taken over is left alone."""
+        unit: list[PyEmbedding] = [_UNIT]
+        fresh = time.monotonic() - lease.renewed <= self.ttl / 2  # surely still its holder
+
+        def free(c: Collection) -> None:
+            if not fresh:
+                got = c.get(ids=[_slot(lease.slot)], include=["metadatas"])
+                metas = got["metadatas"] or []
+                if not metas or (metas[0] or {}).get("owner") != lease.owner:
+                    return
+            c.update(ids=[_slot(lease.slot)], documents=[""], embeddings=unit,
+                     metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
+
+        self._run(lease.user_id, "release the write lease", free, create=False)
+
+    def close(self) -> None:
+        """Forget cached handles (the client is the vector store's)."""
+        self._handles.clear()
+
+
+class WriteLocks:
+    """``with locks(user_id): ...`` — the user's write lock. Re-entrant within a thread. With
+    ``leases`` (server mode) the outermost entry also takes the user's lease across processes;
+    ``recover(user_id, intent_json)`` then finishes a dead holder's batch first, and
+    ``refresh(user_id)`` brings this process's caches up to date when another process held the
+    lease last."""
+
+    def __init__(self, leases: ChromaLeases | None = None) -> None:
+        self._local = UserLocks()
+        self.leases = leases
+        #: Set by the writer: finish a dead holder's batch; catch up with other processes.
+        self.recover: Callable[[str, str], None] | None = None
+        self.refresh: Callable[[str], None] | None = None
+        self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
+        self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
+        self._guard = threading.Lock()
+        #: user -> the tick of the last locked section's end; bounded: users without an entry
+        #: share ``_floor``, which moves whenever an entry is evicted
+        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._tick = 0
+        self._floor = 0
+
+    def epoch(self, user_id: str) -> int:
+        """Changes whenever a locked section of the user ends (in this process) or the lease
+        was last held by another process: equal epochs mean nothing was written in between,
+        so a plan made at the first still holds at the second."""
+        with self._guard:
+            return self._epochs.get(user_id, self._floor)
+
+    def _bump(self, user_id: str) -> None:
+        with self._guard:
+            self._tick += 1
+            self._epochs[user_id] = self._tick
+            self._epochs.move_to_end(user_id)
+            while len(self._epochs) > MAX_REMEMBERED:
+                self._epochs.popitem(last=False)
+                self._tick += 1
+                self._floor = self._tick  # an evicted user's earlier epoch matches no more
+
+    def lease(self, user_id: str) -> Lease | None:
+        """The lease this thread holds for the user (call while holding the user's lock)."""
+        with self._guard:
+            return self._held.get(user_id)
+
+    @contextmanager
+    def __call__(self, user_id: str) -> Iterator[None]:
+        with self._local(user_id):  # from here on this thread alone changes the user's entries
+            with self._guard:
+                depth = self._depth.get(user_id, 0)
+                self._depth[user_id] = depth + 1
+            try:
+                if depth == 0 and self.leases is not None:
+                    with self._leased(user_id, self.leases):
+                        yield
+                else:
+                    yield
+            finally:
+                with self._guard:
+                    if depth == 0:
+                        del self._depth[user_id]
+                    else:
+                        self._depth[user_id] = depth
+                if depth == 0:
+                    self._bump(user_id)
+
+    @contextmanager
+    def _leased(self, user_id: str, leases: ChromaLeases) -> Iterator[None]:
+        """Hold the user's lease (the outermost entry only); first finish a dead holder's batch
+        and catch up with other processes' writes."""
+        lease = leases.acquire(user_id)
+        with self._guard:
+            self._held[user_id] = lease
+        try:
+            if lease.foreign:
+                self._bump(user_id)  # plans made before are stale
+                if self.refresh is not None:
+                    self.refresh(user_id)  # another process wrote: plan from what it wrote
+            if lease.orphan and self.recover is not None:
+                self.recover(user_id, lease.orphan)
+        except BaseException:  # unreleased: the lease expires with the orphan kept for the next
+            with self._guard:
+                del self._held[user_id]
+            raise
+        try:
+            yield
+        finally:
+            with self._guard:
+                del self._held[user_id]
+            leases.release(lease)

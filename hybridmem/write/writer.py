@@ -1,0 +1,600 @@
+"""The write path, in one place: plan a batch, apply the plan to the stores, supersede.
+
+One :meth:`Writer.write` call:
+
+1. **plan** — exact duplicates (same :func:`~hybridmem.text.text_hash` as a current fact, or as an
+   earlier fact of the batch) bump the existing memory; the rest become fresh items, embedded in
+   one call; near-duplicates (:func:`~hybridmem.write.policy.near_duplicate`, or the LLM judge in the
+   undecided cosine band) merge into the memory they repeat; entities are extracted (a failing
+   model never loses a memory: the rules extract instead and the memory is marked);
+2. **apply** — vectors first (the source of truth), then the lexical index, the graph and the
+   history; if a later store fails, the new vectors and index rows are removed again;
+3. **supersede** — a functional relation with a new object (:func:`~hybridmem.write.policy.conflicting`)
+   marks the older memory invalid since the newer became valid; nothing is deleted.
+
+Everything a batch will change is decided in a :class:`WritePlan` before anything is written, and
+only the plan's own methods change it. The rules themselves are pure and live in
+:mod:`hybridmem.write.policy`.
+
+**Model calls run outside the user's lock.** :meth:`Writer.write` plans once without the lock
+(:meth:`Writer.prepare`), calling the embedder, the extractor and the judge for what that plan
+needs, and keeps their answers in a :class:`Prepared` keyed by text. Under the lock it plans again
+from what the stores hold *now* (:meth:`Writer.commit`): a memory another write merged, changed or
+superseded meanwhile is simply seen as it is. If the new plan needs an answer the first did not
+ask for (a text now fresh that was a duplicate before, a new pair in the judge's band), the lock is
+released, the missing calls made, and it plans again; the last attempt makes do without (the
+judge keeps both; the rules extract and the memory stays marked ``needs_extraction``). A slow or
+hanging endpoint therefore delays only its own call, never another add or a search of the user.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from hybridmem.write import journal
+from hybridmem.write import policy
+from hybridmem.write.journal import Intent
+from hybridmem.replica.lease import WriteLocks
+from hybridmem.backends import Stores
+from hybridmem.config import Settings
+from hybridmem.errors import BackendError
+from hybridmem.filters import Condition, all_of, eq
+from hybridmem.write.plan import (
+    Found,
+    Key,
+    Mode,
+    Prepared,
+    UsageMeter,
+    WritePlan,
+    new_item,
+    speaker,
+)
+from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
+from hybridmem.graph.name_vectors import NameVectors
+from hybridmem.protocols import BatchExtractor, ChatModel, Extractor
+from hybridmem.text import text_hash
+
+__all__ = ["EXTRACT_BATCH", "PLAN_ATTEMPTS", "Found", "Prepared", "UsageMeter", "WritePlan",
+           "Writer"]
+
+log = logging.getLogger(__name__)
+#: Most texts sent to an LLM extractor in one call.
+EXTRACT_BATCH = 16
+#: Plans under the lock before one makes do with the model answers it has (see the docstring).
+PLAN_ATTEMPTS = 3
+Embed = Callable[[Sequence[str]], list[list[float]]]
+
+
+class Writer:
+    """Plans and applies writes for one Memory. :meth:`write` takes the user's lock itself
+    (:attr:`locks`, shared with the Memory); the other write methods expect their caller to hold
+    it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        stores: Stores,
+        *,
+        embed: Embed,
+        extractor: Extractor | None,
+        rules: Callable[[], Extractor],
+        chat: Callable[[], ChatModel],
+        usage: UsageMeter,
+        locks: WriteLocks | None = None,
+        names: NameVectors | None = None,
+    ) -> None:
+        self._settings = settings
+        self._names = names  # the topic signal's name vectors: embedded before the lock
+        self._stores = stores
+        self._embed = embed
+        self._extractor = extractor
+        self._rules = rules
+        self._chat = chat
+        self._usage = usage
+        #: The users' write locks (shared with the Memory; with a Chroma server, leases).
+        self.locks = locks if locks is not None else WriteLocks()
+        self.locks.recover = self._recover_orphan
+        self.locks.refresh = stores.graph.refresh  # the graph cache feeds supersession
+
+    # -- the public steps --------------------------------------------------------------------------
+    def write(
+        self,
+        user_id: str,
+        requests: Sequence[AddRequest],
+        *,
+        infer: bool,
+        key: str | None = None,
+        cause: str = "add",
+    ) -> list[MemoryItem]:
+        """Store a batch; one item per request, in order (a merged request returns the memory it
+        was merged into). Model calls run without the user's lock (see the module docstring)."""
+        prepared = self.prepare(user_id, requests, infer=infer, key=key, cause=cause)
+        for _ in range(PLAN_ATTEMPTS - 1):
+            with self.locks(user_id):
+                stored = self.try_commit(prepared)
+            if stored is not None:
+                return stored
+            self._fill(prepared)  # the answers the newer plan lacked, without the lock
+        with self.locks(user_id):
+            return self.commit(prepared)
+
+    def prepare(
+        self,
+        user_id: str,
+        requests: Sequence[AddRequest],
+        *,
+        infer: bool,
+        key: str | None = None,
+        cause: str = "add",
+    ) -> Prepared:
+        """Plan the batch from the stores as they are, making every model call that plan needs
+        (embedding, extraction, judge); the caller need not hold the lock, and nothing is written."""
+        prepared = Prepared(user_id=user_id, requests=list(requests), infer=infer, key=key,
+                            cause=cause)
+        self._fill(prepared)
+        return prepared
+
+    def _fill(self, prepared: Prepared) -> None:
+        prepared.epoch = self.locks.epoch(prepared.user_id)  # before the reads it vouches for
+        prepared.planned = self._plan(prepared, "fill")
+
+    def commit(self, prepared: Prepared) -> list[MemoryItem]:
+        """Plan again from the stores as they are now and apply it (the caller holds the lock);
+        a model answer ``prepared`` lacks is done without (see the module docstring)."""
+        stored = self._commit(prepared, "final")
+        if stored is None:  # pragma: no cover - a "final" plan never lacks anything
+            raise RuntimeError("a final write plan came back incomplete")
+        return stored
+
+    def try_commit(self, prepared: Prepared) -> list[MemoryItem] | None:
+        """Like :meth:`commit`, but None (nothing written) when the plan needs a model answer
+        ``prepared`` lacks: release the lock, :meth:`prepare` again, retry."""
+        return self._commit(prepared, "check")
+
+    def _commit(self, prepared: Prepared, mode: Mode) -> list[MemoryItem] | None:
+        planned, prepared.planned = prepared.planned, None
+        if planned is None or prepared.epoch != self.locks.epoch(prepared.user_id):
+            planned = self._plan(prepared, mode)  # something was written since: plan again
+        if planned is None:
+            return None
+        plan, order = planned
+        self.apply(prepared.user_id, plan, cause=prepared.cause)
+        if plan.fresh:
+            self._supersede_contradictions(prepared.user_id, plan)
+        return [plan.items[plan.merged_into.get(i, i)] for i in order]
+
+    def prepare_text(self, user_id: str, text: str, *, source: str) -> Prepared:
+        """The vector and extraction of a caller's new text for :meth:`update`, made before the
+        lock is taken."""
+        prepared = Prepared(user_id=user_id, requests=[], infer=True, cause="update")
+        self._vectors_for(prepared, [text], "fill")
+        self._found_for(prepared, [(text, speaker(user_id, source))], "fill")
+        return prepared
+
+    def update(self, user_id: str, old: MemoryItem, new: MemoryItem,
+               *, prepared: Prepared | None = None) -> None:
+        """Write a changed memory; a new text is re-embedded, re-indexed and re-extracted (with
+        the answers of :meth:`prepare_text` when given, so no model is called here)."""
+        plan = WritePlan()
+        event = HistoryEvent(memory_id=new.id, action="update", cause="updated by the caller")
+        if new.text != old.text:
+            p = prepared or Prepared(user_id=user_id, requests=[], infer=True, cause="update")
+            mode: Mode = "fill" if prepared is None else "final"
+            self._vectors_for(p, [new.text], "fill")  # only without prepare_text's vector
+            plan.erase = True
+            plan.rewrite(new, p.vectors[new.text], event)
+            self._extract_into(p, plan, mode)
+        else:
+            plan.touch(new, event)
+        self.apply(user_id, plan, cause="update")
+        if new.text != old.text:  # the old text must leave no trace: history and Chroma's file
+            self._stores.history.scrub(user_id, [new.id])
+            self._stores.vectors.purge()
+
+    def supersede(self, user_id: str, older: Sequence[MemoryItem], newer: MemoryItem,
+                  *, cause: str) -> None:
+        """Mark stored memories as superseded by ``newer`` (metadata, graph, history)."""
+        plan = WritePlan()
+        for item in older:
+            plan.supersede(item, newer, cause=cause)
+        self.apply(user_id, plan, cause=cause)
+
+    def delete(self, user_id: str, ids: Sequence[str], *, action: str, cause: str) -> None:
+        """Delete memories from every store, physically (see :meth:`VectorStore.purge`); their
+        history keeps the event, not the text."""
+        self._run(Intent(user_id=user_id, deleted=list(ids), events=[
+            HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
+        ]))
+        self._stores.vectors.purge()
+
+    def apply(self, user_id: str, plan: WritePlan, *, cause: str) -> None:
+        """Write the plan through the journal: vectors first (the source of truth), then the
+        lexical index, the graph and the history."""
+        writes = plan.written
+        added = [
+            HistoryEvent(memory_id=i, action="add", cause=cause, text=plan.items[i].text,
+                         at=plan.items[i].created_at)
+            for i in plan.fresh if i not in plan.merged_into
+        ]
+        self._run(Intent(
+            user_id=user_id, written=[plan.items[i] for i in writes], rewritten=plan.rewritten,
+            erase=plan.erase,
+            extractions={i: plan.extractions[i] for i in writes if i in plan.extractions},
+            updated=[plan.items[i] for i in plan.updated], superseded=plan.superseded,
+            events=added + plan.events,
+        ), [plan.vectors[i] for i in writes])
+
+    def _run(self, intent: Intent, vectors: Sequence[list[float]] = ()) -> None:
+        """Journal the batch, write every store, clear the journal. An exception here undoes
+        the new vectors (so nothing is half-written) and clears the journal; a crash leaves the
+        journal for :meth:`recover`."""
+        user_id = intent.user_id
+        self._journal(user_id, intent)
+        if intent.written:
+            self._stores.vectors.upsert(user_id, intent.written, vectors)
+        try:
+            self._finish(intent)
+        except Exception:
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
+            self._stores.vectors.delete(user_id, new)
+            self._stores.lexical.delete(user_id, new)
+            self._journal(user_id, None)
+            raise
+        self._journal(user_id, None)
+
+    def _finish(self, intent: Intent) -> None:
+        """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
+        s, user_id = self._stores, intent.user_id
+        written = [i.id for i in intent.written]
+        if written:
+            s.lexical.add(user_id, written, [i.text for i in intent.written])
+            if intent.rewritten:  # a caller's new text erases what the old one said
+                s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
+            s.graph.add_extractions(
+                user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
+            )
+        if intent.updated:
+            s.vectors.update(user_id, intent.updated)
+        if intent.superseded:
+            s.graph.remove_memory(user_id, intent.superseded)
+        if intent.deleted:
+            s.vectors.delete(user_id, intent.deleted)
+            s.lexical.delete(user_id, intent.deleted)
+            s.graph.remove_memory(user_id, intent.deleted, erase=True)
+            s.history.scrub(user_id, intent.deleted)
+        s.history.record(user_id, intent.events)
+
+    def recover(self) -> int:
+        """Finish or undo the batches a crash left in the journal (call before any write);
+        returns how many there were. (Server mode keeps its journal in the user's lease, see
+        :mod:`hybridmem.replica.lease`: the next process to take a dead holder's lease recovers it.)"""
+        found = 0
+        for intent in journal.pending(self._settings.data_dir):
+            found += 1
+            self._recover_one(intent)
+            journal.finish(self._settings.data_dir, intent.user_id)
+        return found
+
+    def _recover_orphan(self, user_id: str, text: str) -> None:
+        """Finish a batch a dead process left in the lease this process just took."""
+        self._recover_one(Intent.model_validate_json(text))
+        self._journal(user_id, None)
+
+    def _recover_one(self, intent: Intent) -> None:
+        """Forward when the batch's vectors landed (the upsert is the commit point), back when
+        they did not. Every step is idempotent."""
+        user_id = intent.user_id
+        landed = {i.id: i.text for i in self._stores.vectors.get(
+            user_id, [i.id for i in intent.written])}
+        if all(landed.get(i.id) == i.text for i in intent.written):
+            log.warning("finishing a write to %d memories that a crash interrupted",
+                        len(intent.written) + len(intent.updated) + len(intent.deleted))
+            self._finish(intent)
+        else:  # the upsert never happened: nothing after it did either
+            log.warning("undoing a write of %d memories that a crash interrupted",
+                        len(intent.written))
+            new = [i.id for i in intent.written if i.id not in intent.rewritten]
+            self._stores.vectors.delete(user_id, new)
+            self._stores.lexical.delete(user_id, new)
+            self._stores.graph.remove_memory(user_id, new, erase=True)
+
+    def _journal(self, user_id: str, intent: Intent | None) -> None:
+        """Make a batch durable before its first store write (None: forget it after the last):
+        in the user's lease with a Chroma server, else in the user's folder."""
+        lease = self.locks.lease(user_id)
+        if lease is not None and self.locks.leases is not None:
+            self.locks.leases.journal(lease, "" if intent is None else intent.model_dump_json())
+        elif intent is not None:
+            journal.begin(self._settings.data_dir, intent)
+        else:
+            journal.finish(self._settings.data_dir, user_id)
+
+    # -- planning ----------------------------------------------------------------------------------
+    def _plan(self, p: Prepared, mode: Mode) -> tuple[WritePlan, list[str]] | None:
+        """The batch's plan from the stores as they are. ``mode``: "fill" makes the model calls
+        the plan needs (and records them in ``p``), "check" returns None when one is missing,
+        "final" makes do without (see the module docstring)."""
+        user_id, now = p.user_id, p.now
+        plan = WritePlan()
+        dedup = self._settings.dedup
+        existing = self._existing_by_hash(
+            user_id, [r.text for r in p.requests if r.kind != "turn"]
+        ) if dedup else {}
+        by_hash: dict[str, str] = {}
+        order: list[str] = []
+        for r in p.requests:
+            h = text_hash(r.text)
+            target = None
+            if r.kind != "turn" and dedup:
+                target = by_hash.get(h) or (existing[h].id if h in existing else None)
+            if target is not None:
+                base = plan.items.get(target) or existing[h]
+                plan.touch(policy.bumped(base, r, now), HistoryEvent(
+                    memory_id=target, action="merge", cause="identical text"))
+                order.append(target)
+                continue
+            # items of one batch keep their order: each gets its own microsecond
+            item = new_item(user_id, r, now + timedelta(microseconds=len(order)), key=p.key)
+            plan.add_fresh(item)
+            by_hash[h] = item.id
+            order.append(item.id)
+        if plan.fresh:
+            names = self._names_first(p, plan) if mode == "fill" else []
+            if not self._vectors_for(p, [plan.items[i].text for i in plan.fresh] + names, mode):
+                return None
+            if self._names is not None:  # new node names share the texts' embedding call
+                self._names.offer(user_id, names, [p.vectors[n] for n in names])
+            plan.vectors.update((i, p.vectors[plan.items[i].text]) for i in plan.fresh)
+            if dedup and not self._merge_near_duplicates(p, plan, mode):
+                return None
+            if not self._extract_into(p, plan, mode):
+                return None
+            if mode == "fill" and self._names is not None:  # an LLM's names, or a fresh plan's
+                self._names.prefetch(user_id, plan.extractions.values())
+        return plan, order
+
+    def _names_first(self, p: Prepared, plan: WritePlan) -> list[str]:
+        """Rules (cheap) extract first: new node names join the texts' embedding call."""
+        if self._names is None or not (self._extractor and self._extractor.name.startswith("rules")):
+            return []
+        keys = [(plan.items[i].text, speaker(p.user_id, plan.items[i].source)) for i in plan.fresh]
+        self._found_for(p, keys, "fill")
+        return self._names.wanted(p.user_id, [p.found[k].extraction for k in keys])
+
+    def _vectors_for(self, p: Prepared, texts: Sequence[str], mode: Mode) -> bool:
+        """Embed the texts ``p`` has no vector for (False instead when ``mode`` is "check")."""
+        missing = [t for t in dict.fromkeys(texts) if t not in p.vectors]
+        if missing:
+            if mode == "check":
+                return False
+            p.vectors.update(zip(missing, self._embed(missing)))
+        return True
+
+    def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
+        hashes = tuple(sorted({text_hash(t) for t in texts}))
+        if not hashes:
+            return {}
+        where = all_of(
+            Condition("text_hash", "$in", hashes), eq("current", True),
+            Condition("kind", "$ne", "turn"),
+        )
+        return {text_hash(i.text): i for i in self._stores.vectors.list(user_id, where=where)}
+
+    def _merge_near_duplicates(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
+        """Merge fresh facts into near-identical current facts (stored or earlier in the batch);
+        False when ``mode`` is "check" and the judge was not yet asked about a pair."""
+        s, user_id, now = self._settings, p.user_id, p.now
+        facts = [i for i in plan.fresh if plan.items[i].kind == "fact"]
+        if not facts:
+            return True
+        stored = self._stores.vectors.query(
+            user_id, [plan.vectors[i] for i in facts], limit=3,
+            where=all_of(eq("current", True), eq("kind", "fact")),
+        )
+        seen: list[int] = []  # positions in ``facts`` of the batch's distinct facts
+        matrix = np.asarray([plan.vectors[i] for i in facts], dtype=np.float32)
+        for position, (memory_id, hits) in enumerate(zip(facts, stored)):
+            item = plan.items[memory_id]
+            best: tuple[float, MemoryItem] | None = None
+            for hit in hits:
+                other = plan.items.get(hit.item.id) or hit.item
+                if policy.near_duplicate(item.text, other.text, hit.similarity,
+                                         jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine):
+                    best = (hit.similarity, other)
+                    break
+                if s.judge_band_min <= hit.similarity and s.llm_configured and s.judge:
+                    pair = (other.text, item.text)
+                    if pair not in p.verdicts:
+                        if mode == "check":
+                            return False
+                        p.verdicts[pair] = self._judge(*pair) if mode == "fill" else None
+                    verdict = p.verdicts[pair]
+                    if verdict == "DUPLICATE":
+                        best = (hit.similarity, other)
+                        break
+                    if verdict == "UPDATE":
+                        plan.supersede(other, item, cause="LLM judged it an update")
+            if best is None and seen:
+                sims = matrix[seen] @ matrix[position]
+                for index in np.argsort(-sims)[:3]:
+                    prior = plan.items[facts[seen[int(index)]]]
+                    if policy.near_duplicate(item.text, prior.text, float(sims[index]),
+                                             jaccard_min=s.dedup_jaccard,
+                                             cosine_min=s.dedup_cosine):
+                        best = (float(sims[index]), prior)
+                        break
+            if best is None:
+                seen.append(position)
+                continue
+            plan.merge(item, best[1], now, cosine=best[0])
+        return True
+
+    def _judge(self, old: str, new: str) -> policy.Verdict | None:
+        """One structured call: is ``new`` an update, a duplicate, or a separate fact?"""
+        messages = [
+            {"role": "system", "content": policy.JUDGE_PROMPT},
+            {"role": "user", "content": f"OLD: {old}\nNEW: {new}"},
+        ]
+        try:
+            result = self._chat().complete(messages, json_schema=policy.JUDGE_SCHEMA,
+                                           schema_name="memory_judgement")
+        except BackendError as exc:
+            log.warning("the dedup judge failed (%s); keeping both", type(exc).__name__)
+            return None
+        self._usage.add(result.usage)
+        return policy.parse_verdict(result.text)
+
+    def _extract_into(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
+        """Attach the extraction of every written text (False when "check" finds one missing)."""
+        items = [plan.items[i] for i in plan.written]
+        keys = [(i.text, speaker(p.user_id, i.source)) for i in items]
+        if not self._found_for(p, keys, mode):
+            return False
+        for item, k in zip(items, keys):
+            f = p.found[k]
+            plan.extracted(item.model_copy(update={
+                "extractor": f.extractor, "needs_extraction": f.needs_extraction}), f.extraction)
+        return True
+
+    def _found_for(self, p: Prepared, keys: Sequence[Key], mode: Mode) -> bool:
+        """Extract the texts ``p`` has no extraction for: with the model in "fill" mode, with the
+        rules (the memory marked for :meth:`reextract` if a model should have run) in "final"."""
+        missing = [k for k in dict.fromkeys(keys) if k not in p.found]
+        if not missing:
+            return True
+        if mode == "check":
+            return False
+        if mode == "final":
+            wanted = self._extractor is not None and p.infer and (
+                not self._extractor.name.startswith("rules"))
+            for k, f in zip(missing, self._extract_keys(p.user_id, missing, infer=False)):
+                p.found[k] = Found(f.extractor, f.needs_extraction or wanted, f.extraction)
+            return True
+        p.found.update(zip(missing, self._extract_keys(p.user_id, missing, infer=p.infer)))
+        return True
+
+    def extract(
+        self, user_id: str, items: Sequence[MemoryItem], *, infer: bool
+    ) -> list[tuple[MemoryItem, Extraction]]:
+        """Each item (marked with who extracted it) and its entities; see :meth:`_extract_keys`."""
+        keys = [(i.text, speaker(user_id, i.source)) for i in items]
+        return [
+            (i.model_copy(update={"extractor": f.extractor,
+                                  "needs_extraction": f.needs_extraction}), f.extraction)
+            for i, f in zip(items, self._extract_keys(user_id, keys, infer=infer))
+        ]
+
+    def _extract_keys(self, user_id: str, keys: Sequence[Key], *, infer: bool) -> list[Found]:
+        """The entities of each (text, speaker), at most :data:`EXTRACT_BATCH` texts per model
+        call. A failing model never loses a memory: the rules extract instead and the memory is
+        marked ``needs_extraction``. ``infer=False`` never calls a model (the rules still run:
+        they are cheap and offline)."""
+        extractor = self._extractor
+        if extractor is None or not keys:
+            return [Found("none", False, Extraction()) for _ in keys]
+        if not infer and not extractor.name.startswith("rules"):
+            extractor = self._rules()
+        out: list[Found] = []
+        for start in range(0, len(keys), EXTRACT_BATCH):
+            chunk = keys[start : start + EXTRACT_BATCH]
+            texts, speakers = [k[0] for k in chunk], [k[1] for k in chunk]
+            try:
+                if isinstance(extractor, BatchExtractor) and len(chunk) > 1:
+                    found = extractor.extract_batch(texts, list(speakers))
+                else:
+                    found = [extractor.extract(t, speaker=sp) for t, sp in chunk]
+                name, failed = extractor.name, False
+            except BackendError as exc:
+                log.warning("extraction with %s failed (%s); rules used, marked for re-extraction",
+                            extractor.name, type(exc).__name__)
+                rules = self._rules()
+                found = [rules.extract(t, speaker=sp) for t, sp in chunk]
+                name, failed = rules.name, True
+            for extraction in found:
+                self._usage.add(extraction.usage)
+            out.extend(Found(name, failed, e) for e in found)
+        return out
+
+    def reextract(self, user_id: str) -> list[tuple[MemoryItem, Extraction]]:
+        """Extract again the user's current memories marked ``needs_extraction`` (model calls;
+        callers need not hold the user's lock). Returns those that succeeded, unmarked."""
+        if self._extractor is None or self._extractor.name.startswith("rules"):
+            return []
+        marked = self._stores.vectors.list(
+            user_id, where=all_of(eq("needs_extraction", True), eq("current", True)))
+        marked.sort(key=lambda i: (i.created_at, i.id))
+        return [(item, found) for item, found in self.extract(user_id, marked, infer=True)
+                if not item.needs_extraction]
+
+    def store_reextracted(self, user_id: str,
+                          results: Sequence[tuple[MemoryItem, Extraction]]) -> int:
+        """Write :meth:`reextract`'s results (callers hold the user's lock): the graph evidence
+        of each memory is replaced and the mark cleared. Memories deleted, changed or superseded
+        since are skipped. Returns how many were written."""
+        if not results:
+            return 0
+        now = {i.id: i for i in self._stores.vectors.get(user_id, [r[0].id for r in results])}
+        kept = [(item, found) for item, found in results if item.id in now
+                and now[item.id].text == item.text and now[item.id].is_current]
+        if not kept:
+            return 0
+        items = [now[i.id].model_copy(update={"needs_extraction": False,
+                                              "extractor": i.extractor}) for i, _ in kept]
+        ids = [i.id for i in items]
+        # the graph first: if a crash comes between, the marks stay and a new call redoes it
+        self._stores.graph.remove_memory(user_id, ids)
+        # links=False: the memories redone come from many conversations, not one; each loses
+        # its place in its own episode (remove_memory unlinks it), which costs the graph an
+        # episodic edge, never a wrong one
+        self._stores.graph.add_extractions(
+            user_id, [(i.id, f) for i, (_, f) in zip(items, kept)], links=False)
+        self._stores.vectors.update(user_id, items)
+        self._stores.history.record(user_id, [
+            HistoryEvent(memory_id=i.id, action="update", cause=f"re-extracted with {i.extractor}")
+            for i in items
+        ])
+        return len(items)
+
+    # -- supersession ------------------------------------------------------------------------------
+    def _supersede_contradictions(self, user_id: str, plan: WritePlan) -> None:
+        """Rule path: a functional relation (lives_in, works_at ...) with a new object supersedes
+        the older memory that stated the old object. The later ``valid_from`` wins."""
+        late = WritePlan()
+        for memory_id in plan.fresh:
+            if memory_id in plan.merged_into or not plan.items[memory_id].is_current:
+                continue
+            for rel in policy.functional(plan.extractions.get(memory_id, Extraction()).relations):
+                for old_id, old_rel in self._relations_of(user_id, rel.subject, rel.predicate):
+                    if old_id == memory_id or not policy.conflicting(rel, old_rel):
+                        continue
+                    if old_id in late.items:
+                        old: MemoryItem | None = late.items[old_id]
+                    else:
+                        found = self._stores.vectors.get(user_id, [old_id],
+                                                         where=eq("current", True))
+                        old = found[0] if found else None
+                    new = late.items.get(memory_id) or plan.items[memory_id]
+                    if old is None or not old.is_current or not new.is_current:
+                        continue
+                    older, newer = sorted((old, new), key=lambda i: (i.valid_from or i.created_at))
+                    late.supersede(older, newer, cause=f"{rel.predicate} changed")
+        if late.touched:
+            self.apply(user_id, late, cause="supersede")
+
+    def _relations_of(self, user_id: str, subject: str, predicate: str) -> list[tuple[str, Relation]]:
+        """(memory id, relation) for every stored edge ``subject -predicate-> *``."""
+        graph = self._stores.graph
+        node = graph.entity(user_id, subject)
+        if node is None:
+            return []
+        out: list[tuple[str, Relation]] = []
+        for row in graph.relations(user_id, node.memory_ids):
+            if row.subject_key != node.key or row.predicate != predicate:
+                continue
+            rel = Relation(subject=row.subject, predicate=predicate, object=row.object)
+            out.extend((m, rel) for m in row.memory_ids)
+        return out
