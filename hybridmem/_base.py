@@ -15,7 +15,6 @@ from types import TracebackType
 from typing import TypeVar
 
 from hybridmem import backends
-from hybridmem.replica.lease import WriteLocks
 from hybridmem.config import Settings
 from hybridmem.errors import ClosedError
 from hybridmem.models import Usage, validate_user_id
@@ -80,12 +79,12 @@ class MemoryBase:
             graph = NamedGraph(self._stores.graph, self._names)
             self._stores = dataclasses.replace(self._stores, graph=graph)
         self._usage = UsageMeter()
-        self._lock = WriteLocks(self._stores.leases)  # with a Chroma server: across processes
         self._writer = Writer(
             s, self._stores, embed=self._embed, extractor=self._extractor,
             rules=self._rule_extractor, chat=lambda: self.chat_model, usage=self._usage,
-            locks=self._lock, names=self._names,
+            names=self._names,
         )
+        self._lock = self._writer.locks  # with a Chroma server: across processes
         self._writer.recover()  # batches a crash left half-written, before anything else
         recover_imports(s.data_dir, self._stores, embed=self._embed)  # and imports
         self._retriever = Retriever(s, self._stores, embed=self._embed, names=self._names)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hybridmem.chroma.client import file_limit
 from hybridmem.runtime.locks import DataDirLock
-from hybridmem.runtime.files import remove_tree, user_dir
 from hybridmem.config import Settings
 from hybridmem.errors import EmbedderError, HybridMemError
+from hybridmem.stores import Stores
 from hybridmem.protocols import (
     ChatModel,
     Embedder,
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from hybridmem.graph.name_vectors import NameVectors
 
 __all__ = [
-    "Stores",
     "default_chat",
     "default_counter",
     "default_embedder",
@@ -44,48 +42,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Stores:
-    """The four stores of a Memory, used only through their Protocols, and (embedded) the lock
-    that keeps their directory to this process."""
-
-    vectors: VectorStore
-    lexical: LexicalIndex
-    graph: GraphStore
-    history: HistoryLog
-    dir_lock: DataDirLock | None = None
-    #: Server mode: the per-user write leases shared by every process (see hybridmem.replica.lease).
-    leases: ChromaLeases | None = None
-
-    def drop_user(self, settings: Settings, user_id: str) -> None:
-        """Erase everything of the user in every store, then the user's folder, then make the
-        deletions physical (embedded Chroma keeps deleted rows in free pages until VACUUM)."""
-        self.vectors.drop_user(user_id)
-        self.lexical.drop_user(user_id)
-        self.graph.drop_user(user_id)
-        self.history.drop_user(user_id)
-        if self.leases is not None:
-            self.leases.drop_user(user_id)
-        remove_tree(user_dir(settings.data_dir, user_id, create=False))
-        self.vectors.purge()
-
-    def close(self) -> None:
-        """Close every store, even if one fails; the first failure is raised at the end."""
-        failure: BaseException | None = None
-        for store in (self.vectors, self.lexical, self.graph, self.history):
-            try:
-                store.close()
-            except Exception as exc:  # keep closing the others
-                log.warning("closing %s failed: %s", type(store).__name__, exc)
-                failure = failure or exc
-        if self.leases is not None:
-            self.leases.close()
-        if self.dir_lock is not None:
-            self.dir_lock.release()
-        if failure is not None:
-            raise failure
 
 
 def open_stores(

@@ -34,6 +34,8 @@ __all__ = [
     "BatchExtractor",
     "GraphStore",
     "HistoryLog",
+    "Lease",
+    "Leases",
     "LexicalIndex",
     "TokenCounter",
     "VectorHit",
@@ -321,6 +323,36 @@ class HistoryLog(Protocol):
     def scrub(self, user_id: str, memory_ids: Sequence[str]) -> None:
         """Remove the texts that events of deleted memories carried."""
         ...
+
+    def drop_user(self, user_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Lease(Protocol):
+    """A user's write lease, held by this process (Chroma server mode)."""
+
+    @property
+    def orphan(self) -> str | None:
+        """The intent JSON of a batch a dead holder left unfinished, to finish first."""
+
+    @property
+    def foreign(self) -> bool:
+        """Whether another process held the lease last (its writes may not be in our caches)."""
+
+
+class Leases(Protocol):
+    """Per-user write leases shared by every process of one Chroma server, carrying the
+    server-mode journal (see :mod:`hybridmem.replica.lease`)."""
+
+    def acquire(self, user_id: str) -> Lease:
+        """Wait for and take the user's lease."""
+
+    def release(self, lease: Any) -> None:  # Any: each implementation takes its own leases
+        """Give the lease back (marks its slot free)."""
+
+    def journal(self, lease: Any, intent_json: str) -> None:
+        """Write (or with ``""`` clear) the intent of the batch in progress into the lease."""
 
     def drop_user(self, user_id: str) -> None: ...
 

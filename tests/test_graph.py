@@ -640,9 +640,9 @@ def test_a_slow_load_of_one_user_holds_up_no_other_user(
 
 
 def test_keyed_locks_keep_only_keys_in_use() -> None:
-    from hybridmem.runtime.keylocks import KeyedLocks
+    from hybridmem.runtime.locks import UserLocks
 
-    locks = KeyedLocks()
+    locks = UserLocks()
     with locks.hold("a"):
         with locks.hold("a"):  # re-entrant in one thread
             assert locks.busy("a") and not locks.busy("b")

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.replica.lease import ChromaLeases, WriteLocks
+from hybridmem.replica.lease import ChromaLeases
+from hybridmem.runtime.locks import WriteLocks
 from hybridmem.errors import StorageError, StoreBusyError
 
 

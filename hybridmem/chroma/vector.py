@@ -114,7 +114,7 @@ class ChromaVectorStore:
         self._lock = threading.Lock()
         self._closed = False
         self._vetting = None if path is None else Vetting(  # torn indexes: see _chromarepair
-            Repair(path, reembed), self._handles, lock=self._user_lock,
+            Repair(path, reembed), self._handles, lock=self._user_lock.hold,
             drop_cached=self._drop_cached, cap=4 * max_open)
 
     @property
@@ -213,7 +213,7 @@ class ChromaVectorStore:
     def _load_now(self, user_id: str) -> UserRecords | None:
         assert self._records is not None
         try:
-            with self._user_lock(user_id):
+            with self._user_lock.hold(user_id):
                 records = self._records.get(user_id)
                 if records is None and not self._closed:
                     records = self._load(user_id)
@@ -270,7 +270,7 @@ class ChromaVectorStore:
             return
         records = self._records_of(user_id, items)
         vectors = self._vectors(embeddings)
-        with self._user_lock(user_id), self._coherent(user_id):
+        with self._user_lock.hold(user_id), self._coherent(user_id):
             placed = self._placed(user_id, [i.id for i in items])
             for archive in (False, True):
                 picked = [n for n, r in enumerate(records) if archived(r) == archive]
@@ -299,7 +299,7 @@ class ChromaVectorStore:
         if not items:
             return
         records = self._records_of(user_id, items)
-        with self._user_lock(user_id), self._coherent(user_id):
+        with self._user_lock.hold(user_id), self._coherent(user_id):
             placed = self._placed(user_id, [i.id for i in items])
             where = {i: self._where_is(placed, i) for i in placed}
             for archive in (False, True):
@@ -344,7 +344,7 @@ class ChromaVectorStore:
         self._live()
         if not ids:
             return
-        with self._user_lock(user_id), self._coherent(user_id):
+        with self._user_lock.hold(user_id), self._coherent(user_id):
             placed = self._placed(user_id, ids)
             for archive in (False, True):
                 doomed = [i for i in ids if archive in placed.get(i, {})]
@@ -358,7 +358,7 @@ class ChromaVectorStore:
     def drop_user(self, user_id: str) -> None:
         """Delete both of the user's collections."""
         self._live()
-        with self._user_lock(user_id):
+        with self._user_lock.hold(user_id):
             self._drop_cached(user_id)
             for name in (_chroma.collection_name, _chroma.archive_collection_name):
                 self._handles.drop(name(user_id), user_id=user_id, what="delete the memories")

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridmem.runtime.keylocks import KeyedLocks
+from hybridmem.runtime.locks import UserLocks
 from hybridmem.sqlite.base import PerUserSqlite
 from hybridmem.models import Extraction, GraphEntity, GraphRelation
 from hybridmem.protocols import GraphStore
@@ -176,7 +176,7 @@ class NameVectors:
         self._offered: OrderedDict[tuple[str, str], Vec] = OrderedDict()
         self._pending: dict[str, dict[str, str]] = {}  # user -> key -> name, for the filler
         self._guard = threading.Lock()  # a leaf lock: the tables above only, never any I/O
-        self.held = KeyedLocks()  # per user: checking nodes and changing their rows
+        self.held = UserLocks()  # per user: checking nodes and changing their rows
         self._wake = threading.Condition(self._guard)
         self._worker: threading.Thread | None = None
         self._active = 0  # batches the filler is embedding or storing

@@ -55,7 +55,7 @@ from hybridmem.graph.fileformat import (
     truncate,
 )
 from hybridmem.graph.state import LOG_FILE, Links, UserGraph, stamp_of
-from hybridmem.runtime.keylocks import KeyedLocks
+from hybridmem.runtime.locks import UserLocks
 from hybridmem.graph.activation import EPISODIC, FOCUS, SESSION, TOPIC, Similar, activate
 from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
@@ -123,7 +123,7 @@ class NetworkXGraphStore:
         #: ``_lock`` guards the tables only, never a load, query or file write; each user's
         #: graph is read and changed under its own lock (``_busy``), so users never wait on each other.
         self._lock = threading.RLock()
-        self._busy = KeyedLocks()
+        self._busy = UserLocks()
         #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
         self._users: OrderedDict[str, UserGraph] = OrderedDict()
         self._dirty: set[str] = set()

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hybridmem.runtime.files import atomic_write_bytes, user_dir
 from hybridmem.graph.fileformat import graph_from, node_link, refresh_edge
-from hybridmem.backends import Stores
+from hybridmem.stores import Stores
 from hybridmem.errors import CorruptStateError, InvalidInputError, StorageError
 from hybridmem.models import (
     HistoryEvent,

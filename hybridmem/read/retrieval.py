@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 
-from hybridmem.backends import Stores
+from hybridmem.stores import Stores
 from hybridmem.config import Settings
 from hybridmem.filters import Filter, eq
 from hybridmem.models import Hit, MemoryItem, utcnow

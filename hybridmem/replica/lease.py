@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.runtime.locks import UserLocks
 from hybridmem.runtime.files import user_key
 from hybridmem.errors import StorageError, StoreBusyError
 
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import PyEmbedding
 
-__all__ = ["LEASE_TTL", "ChromaLeases", "Lease", "WriteLocks", "lease_collection_name"]
+__all__ = ["LEASE_TTL", "ChromaLeases", "Lease", "lease_collection_name"]
 
 log = logging.getLogger(__name__)
 #: Seconds a lease lasts without renewal; a dead holder's lease is taken over after this.
@@ -206,94 +205,3 @@ class ChromaLeases:
     def close(self) -> None:
         """Forget cached handles (the client is the vector store's)."""
         self._handles.clear()
-
-
-class WriteLocks:
-    """``with locks(user_id): ...`` — the user's write lock. Re-entrant within a thread. With
-    ``leases`` (server mode) the outermost entry also takes the user's lease across processes;
-    ``recover(user_id, intent_json)`` then finishes a dead holder's batch first, and
-    ``refresh(user_id)`` brings this process's caches up to date when another process held the
-    lease last."""
-
-    def __init__(self, leases: ChromaLeases | None = None) -> None:
-        self._local = UserLocks()
-        self.leases = leases
-        #: Set by the writer: finish a dead holder's batch; catch up with other processes.
-        self.recover: Callable[[str, str], None] | None = None
-        self.refresh: Callable[[str], None] | None = None
-        self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
-        self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
-        self._guard = threading.Lock()
-        #: user -> the tick of the last locked section's end; bounded: users without an entry
-        #: share ``_floor``, which moves whenever an entry is evicted
-        self._epochs: OrderedDict[str, int] = OrderedDict()
-        self._tick = 0
-        self._floor = 0
-
-    def epoch(self, user_id: str) -> int:
-        """Changes whenever a locked section of the user ends (in this process) or the lease
-        was last held by another process: equal epochs mean nothing was written in between,
-        so a plan made at the first still holds at the second."""
-        with self._guard:
-            return self._epochs.get(user_id, self._floor)
-
-    def _bump(self, user_id: str) -> None:
-        with self._guard:
-            self._tick += 1
-            self._epochs[user_id] = self._tick
-            self._epochs.move_to_end(user_id)
-            while len(self._epochs) > MAX_REMEMBERED:
-                self._epochs.popitem(last=False)
-                self._tick += 1
-                self._floor = self._tick  # an evicted user's earlier epoch matches no more
-
-    def lease(self, user_id: str) -> Lease | None:
-        """The lease this thread holds for the user (call while holding the user's lock)."""
-        with self._guard:
-            return self._held.get(user_id)
-
-    @contextmanager
-    def __call__(self, user_id: str) -> Iterator[None]:
-        with self._local(user_id):  # from here on this thread alone changes the user's entries
-            with self._guard:
-                depth = self._depth.get(user_id, 0)
-                self._depth[user_id] = depth + 1
-            try:
-                if depth == 0 and self.leases is not None:
-                    with self._leased(user_id, self.leases):
-                        yield
-                else:
-                    yield
-            finally:
-                with self._guard:
-                    if depth == 0:
-                        del self._depth[user_id]
-                    else:
-                        self._depth[user_id] = depth
-                if depth == 0:
-                    self._bump(user_id)
-
-    @contextmanager
-    def _leased(self, user_id: str, leases: ChromaLeases) -> Iterator[None]:
-        """Hold the user's lease (the outermost entry only); first finish a dead holder's batch
-        and catch up with other processes' writes."""
-        lease = leases.acquire(user_id)
-        with self._guard:
-            self._held[user_id] = lease
-        try:
-            if lease.foreign:
-                self._bump(user_id)  # plans made before are stale
-                if self.refresh is not None:
-                    self.refresh(user_id)  # another process wrote: plan from what it wrote
-            if lease.orphan and self.recover is not None:
-                self.recover(user_id, lease.orphan)
-        except BaseException:  # unreleased: the lease expires with the orphan kept for the next
-            with self._guard:
-                del self._held[user_id]
-            raise
-        try:
-            yield
-        finally:
-            with self._guard:
-                del self._held[user_id]
-            leases.release(lease)

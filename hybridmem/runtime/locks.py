@@ -10,6 +10,15 @@ so a stale lock cannot outlive its owner.
 Within one process several Memory objects may share a directory (a notebook cell re-run, a test
 opening a second Memory): the lock is counted per process. That count is the one piece of
 process-wide state in hybridmem, because the OS lock it mirrors is process-wide too.
+
+Every lock hybridmem takes lives here:
+
+- :class:`DataDirLock` — one process per embedded data dir (an OS ``flock``).
+- :class:`UserLocks` — one re-entrant lock per user within a process, so one user's slow call
+  (a cold graph load, an fsync'd commit) never holds up another user's.
+- :class:`WriteLocks` — the user's write lock: a :class:`UserLocks` entry, and in Chroma server
+  mode also the user's lease across processes (:mod:`hybridmem.replica.lease`), with the hooks that
+  finish a dead holder's batch and catch up with other processes' writes.
 """
 
 from __future__ import annotations
@@ -20,13 +29,20 @@ import socket
 import sys
 import threading
 import time
-import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
 from hybridmem.errors import DataDirLockedError, StorageError
+from hybridmem.protocols import Lease, Leases
 
-__all__ = ["LOCK_FILE", "DataDirLock", "UserLocks"]
+__all__ = ["LOCK_FILE", "MAX_REMEMBERED", "DataDirLock", "UserLocks", "WriteLocks"]
+
+#: Users whose write epoch is remembered (least recently written forgotten first; see
+#: :meth:`WriteLocks.epoch`).
+MAX_REMEMBERED = 4096
 
 LOCK_FILE = "hybridmem.lock"
 
@@ -108,31 +124,140 @@ def _holder(fd: int) -> str:
         return "another process"
 
 
-class _UserLock:
-    """A re-entrant lock that can be weakly referenced (``threading.RLock`` cannot)."""
+class _Entry:
+    __slots__ = ("lock", "users")
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    def __enter__(self) -> bool:
-        return self._lock.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+        self.lock = threading.RLock()
+        self.users = 0  # calls holding or waiting for the lock
 
 
 class UserLocks:
-    """One re-entrant lock per user within a process: ``with locks(user_id): ...`` serialises a
-    user's writes. A user's lock lives only while someone holds or waits for it (weak values), so
-    the map does not grow with the users a process has ever served."""
+    """One re-entrant lock per user: ``with locks.hold(user_id): ...``. A user's entry exists only
+    while a call holds or waits for it, so the table is as small as the number of threads, however
+    many users the process has served; :meth:`busy` lets an LRU skip a user in use."""
 
     def __init__(self) -> None:
-        self._locks: weakref.WeakValueDictionary[str, _UserLock] = weakref.WeakValueDictionary()
-        self._guard = threading.Lock()
+        self._guard = threading.Lock()  # a leaf lock: nothing is acquired while it is held
+        self._entries: dict[str, _Entry] = {}
 
-    def __call__(self, user_id: str) -> _UserLock:
+    def __repr__(self) -> str:
+        return f"UserLocks(busy={len(self._entries)})"
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        """Hold ``key``'s lock for the ``with`` block (re-entrant in one thread)."""
         with self._guard:
-            lock = self._locks.get(user_id)
-            if lock is None:
-                lock = self._locks[user_id] = _UserLock()
-            return lock
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._guard:
+                entry.users -= 1
+                if not entry.users:
+                    del self._entries[key]
+
+    def busy(self, key: str) -> bool:
+        """Whether a call holds or waits for ``key`` right now."""
+        with self._guard:
+            return key in self._entries
+
+
+class WriteLocks:
+    """``with locks(user_id): ...`` — the user's write lock. Re-entrant within a thread. With
+    ``leases`` (server mode) the outermost entry also takes the user's lease across processes;
+    ``recover(user_id, intent_json)`` then finishes a dead holder's batch first, and
+    ``refresh(user_id)`` brings this process's caches up to date when another process held the
+    lease last. The writer that owns the journal creates its locks and hands both hooks in."""
+
+    def __init__(
+        self,
+        leases: Leases | None = None,
+        *,
+        recover: Callable[[str, str], None] | None = None,
+        refresh: Callable[[str], None] | None = None,
+    ) -> None:
+        self._local = UserLocks()
+        self.leases = leases
+        self._recover = recover
+        self._refresh = refresh
+        self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
+        self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
+        self._guard = threading.Lock()
+        #: user -> the tick of the last locked section's end; bounded: users without an entry
+        #: share ``_floor``, which moves whenever an entry is evicted
+        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._tick = 0
+        self._floor = 0
+
+    def epoch(self, user_id: str) -> int:
+        """Changes whenever a locked section of the user ends (in this process) or the lease
+        was last held by another process: equal epochs mean nothing was written in between,
+        so a plan made at the first still holds at the second."""
+        with self._guard:
+            return self._epochs.get(user_id, self._floor)
+
+    def _bump(self, user_id: str) -> None:
+        with self._guard:
+            self._tick += 1
+            self._epochs[user_id] = self._tick
+            self._epochs.move_to_end(user_id)
+            while len(self._epochs) > MAX_REMEMBERED:
+                self._epochs.popitem(last=False)
+                self._tick += 1
+                self._floor = self._tick  # an evicted user's earlier epoch matches no more
+
+    def lease(self, user_id: str) -> Lease | None:
+        """The lease this thread holds for the user (call while holding the user's lock)."""
+        with self._guard:
+            return self._held.get(user_id)
+
+    @contextmanager
+    def __call__(self, user_id: str) -> Iterator[None]:
+        with self._local.hold(user_id):  # from here on this thread alone changes the user's entries
+            with self._guard:
+                depth = self._depth.get(user_id, 0)
+                self._depth[user_id] = depth + 1
+            try:
+                if depth == 0 and self.leases is not None:
+                    with self._leased(user_id, self.leases):
+                        yield
+                else:
+                    yield
+            finally:
+                with self._guard:
+                    if depth == 0:
+                        del self._depth[user_id]
+                    else:
+                        self._depth[user_id] = depth
+                if depth == 0:
+                    self._bump(user_id)
+
+    @contextmanager
+    def _leased(self, user_id: str, leases: Leases) -> Iterator[None]:
+        """Hold the user's lease (the outermost entry only); first finish a dead holder's batch
+        and catch up with other processes' writes."""
+        lease = leases.acquire(user_id)
+        with self._guard:
+            self._held[user_id] = lease
+        try:
+            if lease.foreign:
+                self._bump(user_id)  # plans made before are stale
+                if self._refresh is not None:
+                    self._refresh(user_id)  # another process wrote: plan from what it wrote
+            if lease.orphan and self._recover is not None:
+                self._recover(user_id, lease.orphan)
+        except BaseException:  # unreleased: the lease expires with the orphan kept for the next
+            with self._guard:
+                del self._held[user_id]
+            raise
+        try:
+            yield
+        finally:
+            with self._guard:
+                del self._held[user_id]
+            leases.release(lease)

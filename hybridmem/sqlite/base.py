@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hybridmem.runtime.files import user_dir, user_key
-from hybridmem.runtime.keylocks import KeyedLocks
+from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
 
 __all__ = ["PerUserSqlite", "storage_error"]
@@ -90,7 +90,7 @@ class PerUserSqlite:
         self._conns: OrderedDict[str, sqlite3.Connection] = OrderedDict()
         self._max_open = max(1, max_open)
         self._lock = threading.RLock()  # the table and the closed flag only, never a statement
-        self._users = KeyedLocks()  # a user's connection is used under that user's lock
+        self._users = UserLocks()  # a user's connection is used under that user's lock
         self._closed = False
 
     def __repr__(self) -> str:

@@ -38,8 +38,8 @@ import numpy as np
 from hybridmem.write import journal
 from hybridmem.write import policy
 from hybridmem.write.journal import Intent
-from hybridmem.replica.lease import WriteLocks
-from hybridmem.backends import Stores
+from hybridmem.runtime.locks import WriteLocks
+from hybridmem.stores import Stores
 from hybridmem.config import Settings
 from hybridmem.errors import BackendError
 from hybridmem.filters import Condition, all_of, eq
@@ -84,7 +84,6 @@ class Writer:
         rules: Callable[[], Extractor],
         chat: Callable[[], ChatModel],
         usage: UsageMeter,
-        locks: WriteLocks | None = None,
         names: NameVectors | None = None,
     ) -> None:
         self._settings = settings
@@ -95,10 +94,11 @@ class Writer:
         self._rules = rules
         self._chat = chat
         self._usage = usage
-        #: The users' write locks (shared with the Memory; with a Chroma server, leases).
-        self.locks = locks if locks is not None else WriteLocks()
-        self.locks.recover = self._recover_orphan
-        self.locks.refresh = stores.graph.refresh  # the graph cache feeds supersession
+        #: The users' write locks (shared with the Memory; with a Chroma server, leases). The
+        #: writer owns the journal, so it finishes a dead holder's batch; the graph cache feeds
+        #: supersession, so it catches up when another process wrote last.
+        self.locks = WriteLocks(stores.leases, recover=self._recover_orphan,
+                                refresh=stores.graph.refresh)
 
     # -- the public steps --------------------------------------------------------------------------
     def write(
