@@ -7,9 +7,12 @@ Memory never imports the OpenAI client.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybridmem.chroma.client import file_limit
 from hybridmem.runtime.locks import DataDirLock
@@ -18,6 +21,7 @@ from hybridmem.errors import EmbedderError, HybridMemError
 from hybridmem.stores import Stores
 from hybridmem.protocols import (
     ChatModel,
+    Closeable,
     Embedder,
     Extractor,
     GraphStore,
@@ -28,10 +32,16 @@ from hybridmem.protocols import (
 )
 
 if TYPE_CHECKING:
+    from hybridmem.read.retrieval import AccessLog, Extras, Retriever
+    from hybridmem.write.plan import UsageMeter
+    from hybridmem.write.writer import Writer
     from hybridmem.replica.lease import ChromaLeases
     from hybridmem.graph.name_vectors import NameVectors
 
 __all__ = [
+    "ChatSlot",
+    "Parts",
+    "assemble",
     "default_chat",
     "default_counter",
     "default_embedder",
@@ -42,6 +52,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def open_stores(
@@ -224,3 +235,121 @@ def embed_checked(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]
             f"the embedder {embedder.name!r} returned {len(vectors)} vectors for {len(texts)} texts"
         )
     return vectors
+
+
+class ChatSlot:
+    """The chat endpoint of a Memory: the one it was given, or the configured one, created on
+    first use (an offline Memory never opens a client) and then closed with the Memory."""
+
+    def __init__(self, settings: Settings, given: ChatModel | None,
+                 owned: list[Closeable]) -> None:
+        self._settings, self._model, self._owned = settings, given, owned
+        self._guard = threading.Lock()
+
+    def get(self) -> ChatModel:
+        with self._guard:
+            if self._model is None:
+                self._model = own(default_chat(self._settings), self._owned)
+            return self._model
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a :class:`~hybridmem.Memory` is made of, built once by :func:`assemble`: the seams the
+    settings name, the four stores, and the write and read pipelines over them."""
+
+    settings: Settings
+    embedder: Embedder
+    extractor: Extractor | None
+    counter: TokenCounter
+    chat: ChatSlot
+    stores: Stores
+    names: NameVectors | None
+    usage: UsageMeter
+    writer: Writer
+    retriever: Retriever
+    access: AccessLog
+    extras: Extras
+    #: What assemble created and so must close (endpoint clients hold connection pools).
+    owned: list[Closeable]
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return embed_checked(self.embedder, texts)
+
+    def close(self) -> None:
+        """Write buffered access counts, then close the stores, then the clients created here;
+        each step runs even when an earlier one fails."""
+        try:
+            self.retriever.close()
+            self.access.close()
+        finally:
+            try:
+                self.stores.close()
+            finally:
+                for thing in self.owned:
+                    thing.close()
+
+
+def own(thing: T, owned: list[Closeable]) -> T:
+    """``thing``, remembered in ``owned`` when it must be closed."""
+    if isinstance(thing, Closeable):
+        owned.append(thing)
+    return thing
+
+
+def assemble(
+    settings: Settings,
+    *,
+    embedder: Embedder | None = None,
+    extractor: Extractor | None = None,
+    chat_model: ChatModel | None = None,
+    vector_store: VectorStore | None = None,
+    lexical_index: LexicalIndex | None = None,
+    graph_store: GraphStore | None = None,
+    history_log: HistoryLog | None = None,
+    token_counter: TokenCounter | None = None,
+) -> Parts:
+    """Build a Memory's parts: the given seams, the configured defaults for the rest; then
+    recover what a crash left half-written (batches, then imports) before anything else runs."""
+    from hybridmem.graph.name_vectors import NamedGraph
+    from hybridmem.ops.bundle import recover_imports
+    from hybridmem.read.retrieval import AccessLog, Extras, Retriever
+    from hybridmem.write.plan import UsageMeter
+    from hybridmem.write.writer import Writer
+
+    s = settings
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    owned: list[Closeable] = []
+    chat = ChatSlot(s, chat_model, owned)
+    embedder = embedder or own(default_embedder(s), owned)
+
+    def embed(texts: Sequence[str]) -> list[list[float]]:
+        return embed_checked(embedder, texts)
+
+    if extractor is None:
+        extractor = default_extractor(s, chat.get() if wants_llm_extractor(s) else None)
+    counter = token_counter or default_counter(s)
+    stores = open_stores(s, embedder, vectors=vector_store, lexical=lexical_index,
+                         graph=graph_store, history=history_log)
+    names = None
+    if s.graph_topic > 0 and s.graph_weight > 0:  # every graph write keeps the name vectors
+        names = name_vectors(s, stores.graph, embedder.name, embed)
+        stores = dataclasses.replace(stores, graph=NamedGraph(stores.graph, names))
+    usage = UsageMeter()
+    rules: list[Extractor] = []
+
+    def rule_fallback() -> Extractor:
+        if not rules:
+            rules.append(rule_extractor())
+        return rules[0]
+
+    writer = Writer(s, stores, embed=embed, extractor=extractor, rules=rule_fallback,
+                    chat=chat.get, usage=usage, names=names)
+    writer.recover()  # batches a crash left half-written, before anything else
+    recover_imports(s.data_dir, stores, embed=embed)  # and imports
+    return Parts(
+        settings=s, embedder=embedder, extractor=extractor, counter=counter, chat=chat,
+        stores=stores, names=names, usage=usage, writer=writer,
+        retriever=Retriever(s, stores, embed=embed, names=names),
+        access=AccessLog(stores, writer.locks), extras=Extras(stores), owned=owned,
+    )

@@ -2,8 +2,8 @@
 
 It holds no rules of its own. Where each concern lives:
 
-- :mod:`hybridmem._base` — what a Memory is made of (seams, stores) and its lifecycle;
-- :mod:`hybridmem.backends` — which embedder, extractor, counter and stores the settings name;
+- :mod:`hybridmem.backends` — what a Memory is made of: which embedder, extractor, counter and
+  stores the settings name, assembled with the write and read pipelines (:func:`~hybridmem.backends.assemble`);
 - :mod:`hybridmem.write.writer` — the write path (plan, dedup/merge, extraction, apply, supersede);
 - :mod:`hybridmem.read.retrieval` — hybrid search, access counts, the key-fact/episode cache;
 - :mod:`hybridmem.read.context` — what enters a context, in what order, within the budget;
@@ -21,17 +21,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from pydantic import ValidationError
 
 from hybridmem.write import episodes
 from hybridmem.write import policy
-from hybridmem._base import MemoryBase
+from hybridmem import backends
 from hybridmem.ops.backup import load_snapshot, write_snapshot
 from hybridmem.ops.bundle import export_bundle, import_bundle
 from hybridmem.read.context import assemble, build_context, section_budgets
-from hybridmem.errors import HybridMemError, InvalidInputError, NotFoundError
+from hybridmem.config import Settings
+from hybridmem.errors import ClosedError, HybridMemError, InvalidInputError, NotFoundError
 from hybridmem.filters import all_of, eq, memory_filter
 from hybridmem.models import (
     MAX_LIMIT,
@@ -44,6 +46,7 @@ from hybridmem.models import (
     Hit,
     MemoryItem,
     UpdateRequest,
+    Usage,
     UserStats,
     as_utc,
     pydantic_message,
@@ -51,9 +54,18 @@ from hybridmem.models import (
     utcnow,
     validate_memory_id,
     validate_text,
+    validate_user_id,
 )
 from hybridmem.protocols import (
     ChatMessage,
+    ChatModel,
+    Embedder,
+    Extractor,
+    GraphStore,
+    HistoryLog,
+    LexicalIndex,
+    TokenCounter,
+    VectorStore,
 )
 from hybridmem.ops.reembed import chroma_client, reembed_user, stored_users
 from hybridmem.read.retrieval import GRAPH_SEED_HITS
@@ -86,7 +98,7 @@ def _check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
-class Memory(MemoryBase):
+class Memory:
     """Long-term memory for LLM apps: add, search, context, chat, forget — per user.
 
     ``Memory()`` reads ``HYBRIDMEM_*`` settings from the environment; every seam can be passed in
@@ -94,6 +106,95 @@ class Memory(MemoryBase):
     creates itself (stores, endpoint clients) it closes in :meth:`close`; what it is given, the
     caller closes.
     """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        embedder: Embedder | None = None,
+        extractor: Extractor | None = None,
+        chat_model: ChatModel | None = None,
+        vector_store: VectorStore | None = None,
+        lexical_index: LexicalIndex | None = None,
+        graph_store: GraphStore | None = None,
+        history_log: HistoryLog | None = None,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
+        parts = backends.assemble(
+            settings if settings is not None else Settings(), embedder=embedder,
+            extractor=extractor, chat_model=chat_model, vector_store=vector_store,
+            lexical_index=lexical_index, graph_store=graph_store, history_log=history_log,
+            token_counter=token_counter,
+        )
+        self.settings = parts.settings
+        self._parts = parts  # closed in close()
+        self._embedder = parts.embedder
+        self._extractor = parts.extractor
+        self._counter = parts.counter
+        self._stores = parts.stores  # the four stores, used through their Protocols
+        self._names = parts.names  # the graph topic signal's name vectors, or None
+        self._usage = parts.usage
+        self._writer = parts.writer  # the write path
+        self._lock = parts.writer.locks  # the users' write locks (leases with a Chroma server)
+        self._retriever = parts.retriever  # hybrid search
+        self._access = parts.access  # access counts, written in batches
+        self._extras = parts.extras  # key facts, procedures and episodes of a context
+        self._closed = False
+
+    # -- what it is made of ------------------------------------------------------------------------
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder (its ``name`` and ``dimension`` are stored with every collection)."""
+        return self._embedder
+
+    @property
+    def extractor(self) -> Extractor | None:
+        """The entity extractor (None when ``extractor="none"``)."""
+        return self._extractor
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """The token counter contexts are measured with."""
+        return self._counter
+
+    @property
+    def usage(self) -> Usage:
+        """Token usage of every model call made so far (extraction, judge, summaries, chat)."""
+        return self._usage.total
+
+    @property
+    def chat_model(self) -> ChatModel:
+        """The chat endpoint, created on first use (offline use never needs one)."""
+        return self._parts.chat.get()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Write buffered access counts, close the stores and the clients this Memory created;
+        idempotent. A closed Memory refuses use with :class:`ClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._parts.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = self.settings.chroma_url or str(self.settings.data_dir)
+        return f"{type(self).__name__}(store={mode!r}, embedder={self._embedder.name!r})"
+
+    def _check(self, user_id: str) -> str:
+        if self._closed:
+            raise ClosedError("this Memory is closed; create a new one")
+        return validate_user_id(user_id)
+
+    def _embed(self, texts: Sequence[str]) -> builtins.list[builtins.list[float]]:
+        return self._parts.embed(texts)
 
     # -- writes ------------------------------------------------------------------------------------
     def add(

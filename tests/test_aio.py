@@ -84,7 +84,7 @@ async def amem(settings: Settings) -> AsyncIterator[AsyncMemory]:
 
 # -- the API mirrors Memory --------------------------------------------------------------------------
 def _public(cls: type) -> dict[str, object]:
-    """Public attributes, inherited ones included (Memory gets its lifecycle from MemoryBase)."""
+    """Public attributes, inherited ones included."""
     return {n: v for klass in reversed(cls.__mro__[:-1]) for n, v in vars(klass).items()
             if not n.startswith("_")}
 

@@ -27,7 +27,7 @@ TOP_LEVEL = {
     "hybridmem.prompts": "ground",
     "hybridmem.stores": "stores",
     "hybridmem.offline": "endpoints", "hybridmem.openai_compat": "endpoints",
-    "hybridmem.backends": "assembly", "hybridmem._base": "assembly", "hybridmem.memory": "assembly", "hybridmem.aio": "assembly",
+    "hybridmem.backends": "assembly", "hybridmem.memory": "assembly", "hybridmem.aio": "assembly",
     "hybridmem.mcp": "faces", "hybridmem.langgraph": "faces",
 }
 #: wing -> the wings it may import (besides itself and the ground floor). Read bottom-up: a wing
