@@ -8,7 +8,7 @@ It holds no rules of its own. Where each concern lives:
 - :mod:`hybridmem.read.retrieval` — hybrid search, access counts, the key-fact/episode cache;
 - :mod:`hybridmem.read.context` — what enters a context, in what order, within the budget;
 - :mod:`hybridmem.write.episodes` and :mod:`hybridmem.ops.bundle` — summaries, export and import;
-- :mod:`hybridmem.ops.backup` and :mod:`hybridmem.ops.reembed` — snapshots with rotation, and moving
+- :mod:`hybridmem.ops.backup` and :mod:`hybridmem.chroma.reembed` — snapshots with rotation, and moving
   memories to another embedder.
 """
 
@@ -33,7 +33,13 @@ from hybridmem.ops.backup import load_snapshot, write_snapshot
 from hybridmem.ops.bundle import export_bundle, import_bundle
 from hybridmem.read.context import assemble, build_context, section_budgets
 from hybridmem.config import Settings
-from hybridmem.errors import ClosedError, HybridMemError, InvalidInputError, NotFoundError
+from hybridmem.errors import (
+    ClosedError,
+    ConfigError,
+    HybridMemError,
+    InvalidInputError,
+    NotFoundError,
+)
 from hybridmem.filters import all_of, eq, memory_filter
 from hybridmem.models import (
     MAX_LIMIT,
@@ -64,10 +70,10 @@ from hybridmem.protocols import (
     GraphStore,
     HistoryLog,
     LexicalIndex,
+    Reembeddable,
     TokenCounter,
     VectorStore,
 )
-from hybridmem.ops.reembed import chroma_client, reembed_user, stored_users
 from hybridmem.read.retrieval import GRAPH_SEED_HITS
 
 __all__ = ["Memory"]
@@ -639,8 +645,8 @@ class Memory:
         """Write a snapshot of every user (or one) into the folder ``dest`` and keep the newest
         ``backup_keep`` there; returns the snapshot's folder. Each user is copied under its lock,
         while the Memory stays in use (see :mod:`hybridmem.ops.backup`)."""
-        users = [self._check(user_id)] if user_id is not None else stored_users(
-            chroma_client(self._stores.vectors))
+        users = ([self._check(user_id)] if user_id is not None
+                 else self._stores.vectors.users())
         bundles = ((u, self.export(u)) for u in users)
         return write_snapshot(Path(dest), bundles, embedder=self._embedder.name,
                               keep=self.settings.backup_keep)
@@ -666,18 +672,21 @@ class Memory:
     def reembed(self, user_id: str | None = None, *,
                 progress: Callable[[str, int, int], None] | None = None) -> int:
         """Move every memory of a user (or of all users) to the configured embedder, and record
-        it as the collection's embedder; resumable after a crash (see :mod:`hybridmem.ops.reembed`).
+        it as the collection's embedder; resumable after a crash (see :mod:`hybridmem.chroma.reembed`).
         ``progress(user_id, done, total)`` is called after each page. Returns the memories
         embedded."""
-        client = chroma_client(self._stores.vectors)
-        users = [self._check(user_id)] if user_id is not None else stored_users(client)
+        vectors = self._stores.vectors
+        if not isinstance(vectors, Reembeddable):
+            raise ConfigError(f"the vector store {type(vectors).__name__} cannot re-embed in place; "
+                              "export each user, then import into a store with the new embedder")
+        users = [self._check(user_id)] if user_id is not None else vectors.users()
         total = 0
         for user in users:
             with self._lock(user):
                 report = None if progress is None else partial(progress, user)
-                total += reembed_user(client, user, embedder=self._embedder.name,
-                                      dimension=self._embedder.dimension, embed=self._embed,
-                                      progress=report)
+                total += vectors.reembed_user(user, embedder=self._embedder.name,
+                                              dimension=self._embedder.dimension,
+                                              embed=self._embed, progress=report)
                 if self._names is not None:  # name vectors of the old model are made anew
                     with self._names.held.hold(user):
                         self._names.complete(user)

@@ -37,6 +37,7 @@ __all__ = [
     "Lease",
     "Leases",
     "LexicalIndex",
+    "Reembeddable",
     "TokenCounter",
     "VectorHit",
     "VectorStore",
@@ -199,12 +200,34 @@ class VectorStore(Protocol):
         """How many memories the user has."""
         ...
 
+    def users(self) -> builtins.list[str]:
+        """Every user with memories in this store, sorted (backups and re-embedding walk them)."""
+        ...
+
     def purge(self) -> None:
         """Make deletions and replaced texts physical in files this process owns (a no-op where
         the backend manages its own files, such as a Chroma server)."""
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Reembeddable(Protocol):
+    """A vector store that can move a user's memories to another embedder in place."""
+
+    def reembed_user(
+        self,
+        user_id: str,
+        *,
+        embedder: str,
+        dimension: int,
+        embed: Callable[[Sequence[str]], builtins.list[builtins.list[float]]],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Re-embed the user's memories with ``embed`` and record ``embedder``/``dimension`` as
+        the collection's identity; resumable after a crash. Returns the memories embedded."""
+        ...
 
 
 class LexicalIndex(Protocol):

@@ -51,7 +51,7 @@ def test_a_superseded_memory_moves_to_the_archive_and_stays_findable(
     gone = old.model_copy(update={"invalid_at": T0, "superseded_by": "new"})
     store.update(unique_user, [gone])
     hot, archive = (_chroma.collection_name(unique_user),
-                    _chroma.archive_collection_name(unique_user))
+                    _chroma.collection_name(unique_user, "archive"))
     assert ids_in(store, hot) == {"new"} and ids_in(store, archive) == {"old"}
     assert store.count(unique_user) == 2
     assert store.get(unique_user, ["old", "new"]) == [gone, new]
@@ -84,7 +84,7 @@ def test_an_old_layout_is_migrated_when_opened(tmp_path: Path, unique_user: str)
     with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=tmp_path / "c") as store:
         assert store.count(unique_user) == 2
         assert ids_in(store, _chroma.collection_name(unique_user)) == {"a"}
-        assert ids_in(store, _chroma.archive_collection_name(unique_user)) == {"b"}
+        assert ids_in(store, _chroma.collection_name(unique_user, "archive")) == {"b"}
         assert [i.id for i in store.get(unique_user, ["b"])] == ["b"]
 
 
@@ -96,7 +96,7 @@ def test_a_copy_left_twice_by_a_crash_is_resolved_on_load(tmp_path: Path, unique
         store.upsert(unique_user, [live], EMB.embed_batch([live.text]))
         dead = live.model_copy(update={"invalid_at": T0})
         archive = _chroma.create_collection(
-            store.client, _chroma.archive_collection_name(unique_user),
+            store.client, _chroma.collection_name(unique_user, "archive"),
             {"user_id": unique_user, "embedder": EMB.name, "dimension": 32, "schema": 2})
         archive.add(ids=["m"], documents=[dead.text], embeddings=EMB.embed_batch([dead.text]),
                     metadatas=[{k: v for k, v in to_record(dead).items() if v is not None}])
@@ -104,7 +104,7 @@ def test_a_copy_left_twice_by_a_crash_is_resolved_on_load(tmp_path: Path, unique
     with ChromaVectorStore(embedder_name=EMB.name, dimension=32, path=tmp_path / "c",
                            cache_records=True, background_load=False) as cached:
         assert cached.count(unique_user) == 1
-        assert ids_in(cached, _chroma.archive_collection_name(unique_user)) == set()
+        assert ids_in(cached, _chroma.collection_name(unique_user, "archive")) == set()
 
 
 def test_the_cache_loads_in_the_background_and_stays_coherent(

@@ -42,8 +42,8 @@ def mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, A
 def test_names_derive_from_the_user_id_and_are_valid_for_chroma() -> None:
     user = "client 123: ünicode & spaces"
     assert _chroma.collection_name(user) == user_key(user)
-    assert _chroma.graph_collection_name(user) == "g-" + user_key(user)
-    for name in (_chroma.collection_name(user), _chroma.graph_collection_name(user)):
+    assert _chroma.collection_name(user, "graph") == "g-" + user_key(user)
+    for name in (_chroma.collection_name(user), _chroma.collection_name(user, "graph")):
         assert _NAME.match(name) and "client" not in name
     with pytest.raises(InvalidUserIdError):
         _chroma.collection_name("../etc")

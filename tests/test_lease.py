@@ -84,12 +84,12 @@ def test_leases_exclude_each_other_under_a_race(chroma_server: str, unique_user:
 
 
 def test_forgetting_a_user_drops_its_lease(chroma_server: str, unique_user: str) -> None:
-    from hybridmem.replica.lease import lease_collection_name
+    from hybridmem.chroma.client import collection_name
 
     a = leases(chroma_server)
     held = a.acquire(unique_user)
     a.drop_user(unique_user)  # as Memory.forget(user) does, holding the lease
     a.release(held)  # finds nothing to free, re-creates nothing
     names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
-    assert lease_collection_name(unique_user) not in names
+    assert collection_name(unique_user, "lease") not in names
     a.release(a.acquire(unique_user))  # the next write starts a new lease

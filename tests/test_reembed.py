@@ -16,7 +16,7 @@ from hybridmem import EmbedderMismatchError, Memory, Settings
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 
 ROOT = Path(__file__).resolve().parent.parent
-MEMORIES = 700  # more than five pages of hybridmem.ops.reembed.PAGE
+MEMORIES = 700  # more than five pages of hybridmem.chroma.reembed.PAGE
 
 # Re-embeds every user with the local embedder, printing each page as it is done; the test
 # kills it after the first page.

@@ -40,7 +40,7 @@ def edges(store: Any, user: str) -> list[tuple[str, str, str, list[str]]]:
 
 def side(url: str, user: str) -> Any:
     """The user's graph side collection, through a client of the test's own."""
-    return _chroma.make_client(url=url).get_collection(_chroma.graph_collection_name(user))
+    return _chroma.make_client(url=url).get_collection(_chroma.collection_name(user, "graph"))
 
 
 def nodes(store: Any, user: str) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def test_graph_writes_are_seen_by_another_instance(chroma_server: str, unique_us
     a.drop_user(unique_user)
     assert b.relations(unique_user) == [] and b.export(unique_user)["graph"]["nodes"] == []
     names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
-    assert _chroma.graph_collection_name(unique_user) not in names
+    assert _chroma.collection_name(unique_user, "graph") not in names
     a.close(), b.close()
 
 
@@ -171,7 +171,7 @@ def test_construction_and_lifecycle(chroma_server: str, unique_user: str) -> Non
     with pytest.raises(ClosedError):
         index.search(unique_user, "laptop", limit=3)
     # a client passed in is the caller's: closing the stores left it open
-    assert client.get_collection(_chroma.graph_collection_name(unique_user)).count() == 1
+    assert client.get_collection(_chroma.collection_name(unique_user, "graph")).count() == 1
     with pytest.raises(StorageError, match="could not open the Chroma server"):
         ChromaGraphStore(url="http://127.0.0.1:9")  # nothing listens there
 

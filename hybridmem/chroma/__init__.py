@@ -6,6 +6,7 @@
 - :mod:`~hybridmem.chroma.record_cache` — the in-process cache of a user's records.
 - :mod:`~hybridmem.chroma.placement` — which collection a user's records live in.
 - :mod:`~hybridmem.chroma.repair` — checking and repairing an embedded Chroma directory.
+- :mod:`~hybridmem.chroma.reembed` — moving a user's collections to another embedder, resumably.
 
 Imports the ground floor and ``runtime`` only.
 """

@@ -4,9 +4,9 @@ Both Chroma stores use it: :mod:`hybridmem.chroma.vector` (a user's main collect
 :mod:`hybridmem.replica.graph` (the graph side collection, and a lexical cache of the main collection).
 
 - Clients: embedded (``PersistentClient``) or server (``HttpClient``), telemetry off.
-- Names: a user's main collection is :func:`collection_name`, its graph records
-  :func:`graph_collection_name`; both derive from a hash of the user id (Chroma allows only
-  ``[a-zA-Z0-9._-]``, so a raw id never becomes a name).
+- Names: every collection of a user (memories, archive, and in server mode graph records,
+  history and lease) is named by :func:`collection_name`, from a hash of the user id (Chroma
+  allows only ``[a-zA-Z0-9._-]``, so a raw id never becomes a name).
 - Collections are created with ``embedding_function=None`` (Chroma's default embedder downloads a
   model on first use) and a cosine HNSW index that persists every :func:`sync_threshold`
   records (fewer in embedded mode); we always pass our own vectors.
@@ -35,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 from urllib.parse import urlparse
 
 from hybridmem.runtime.files import user_key
@@ -51,13 +51,15 @@ __all__ = [
     "HNSW_SYNC_THRESHOLD",
     "CollectionHandles",
     "close_client",
-    "archive_collection_name",
+    "COLLECTION_PREFIXES",
+    "STAGING",
+    "stored_users",
+    "CollectionKind",
     "collection_name",
     "adopt_sync_threshold",
     "create_collection",
     "drop_collection",
     "get_paged",
-    "graph_collection_name",
     "is_internal",
     "is_not_found",
     "make_client",
@@ -221,20 +223,43 @@ def close_client(client: ClientAPI) -> None:
         client.close()
 
 
-def collection_name(user_id: str) -> str:
-    """The name of the user's main collection (memories, their vectors and documents)."""
-    return user_key(user_id)
+#: A user's collections by kind, and the prefix of each name (see :func:`collection_name`).
+COLLECTION_PREFIXES: dict[str, str] = {
+    "memories": "",  # the memories, their vectors and documents: what every search queries
+    "archive": "a-",  # memories no longer current, kept out of the index searches query
+    "graph": "g-",  # server mode: one record per extraction, the graph's source of truth
+    "history": "h-",  # server mode: the history log
+    "lease": "l-",  # server mode: the user's write lease and journal
+}
+#: Prefix of a collection being rebuilt (a torn index repaired, or moved to another embedder);
+#: the staging copy of collection ``n`` is ``STAGING + n``.
+STAGING = "r-"
+CollectionKind = Literal["memories", "archive", "graph", "history", "lease"]
 
 
-def archive_collection_name(user_id: str) -> str:
-    """The name of the user's archive collection (memories no longer current, kept out of the
-    index every search queries; see :mod:`hybridmem.chroma.vector`)."""
-    return "a-" + user_key(user_id)
+def collection_name(user_id: str, kind: CollectionKind = "memories", *,
+                    staging: bool = False) -> str:
+    """The name of one of the user's collections — the only place a collection is named.
+
+    Every name derives from a hash of the user id (:func:`~hybridmem.runtime.files.user_key`),
+    since Chroma allows only ``[a-zA-Z0-9._-]``; ``staging``: the name of its copy under rebuild.
+    """
+    name = COLLECTION_PREFIXES[kind] + user_key(user_id)
+    return STAGING + name if staging else name
 
 
-def graph_collection_name(user_id: str) -> str:
-    """The name of the user's graph side collection (server mode: one record per extraction)."""
-    return "g-" + user_key(user_id)
+def stored_users(client: ClientAPI) -> list[str]:
+    """Every user with a memory collection in this Chroma (from the collections' metadata),
+    sorted; a staging collection of an unfinished re-embedding counts for its user."""
+    users: set[str] = set()
+    for collection in client.list_collections():
+        meta = collection.metadata or {}
+        user = meta.get("user_id")
+        if isinstance(user, str) and "embedder" in meta and (
+                collection.name == collection_name(user)
+                or collection.name == collection_name(user, staging=True)):
+            users.add(user)
+    return sorted(users)
 
 
 def is_not_found(exc: BaseException) -> bool:

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from hybridmem.chroma.client import (
+    STAGING,
     CollectionHandles,
     create_collection,
     drop_collection,
@@ -262,7 +263,7 @@ class Repair:
     def run(self, client: ClientAPI, name: str, meta: dict[str, Any], why: str) -> int:
         """Rebuild collection ``name`` (collection metadata ``meta``) from its records; returns
         how many. Resumes an interrupted rebuild from its marker."""
-        marker, staging = self.marker(name), "r-" + name
+        marker, staging = self.marker(name), STAGING + name
         step = json.loads(marker.read_bytes()).get("step") if marker.exists() else None
         if step != "staged":
             current = client.get_collection(name, embedding_function=None).metadata

@@ -47,6 +47,7 @@ from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
 from hybridmem.chroma.record_cache import RecordCache, UserRecords
+from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
 from hybridmem.filters import Filter
@@ -144,7 +145,7 @@ class ChromaVectorStore:
         unless ``create``."""
         self._live()
         meta = self._meta(user_id)
-        name = (_chroma.archive_collection_name if archive else _chroma.collection_name)(user_id)
+        name = _chroma.collection_name(user_id, "archive" if archive else "memories")
         def attempt() -> T | None:
             return self._handles.run(name, call, user_id=user_id, what=what,
                                      create=meta if create else None,
@@ -171,8 +172,9 @@ class ChromaVectorStore:
             self._migrate(user_id, collection)
 
     def _migrate(self, user_id: str, hot: Collection) -> None:
-        moved = _chroma.move_not_current(self._handles.client, hot, _chroma.archive_collection_name(
-            user_id), self._meta(user_id), check=lambda c: self._check_identity(user_id, c))
+        moved = _chroma.move_not_current(
+            self._handles.client, hot, _chroma.collection_name(user_id, "archive"),
+            self._meta(user_id), check=lambda c: self._check_identity(user_id, c))
         log.info("moved %d memories that are not current to the archive collection", moved)
 
     def _check_identity(self, user_id: str, collection: Collection) -> None:
@@ -360,8 +362,9 @@ class ChromaVectorStore:
         self._live()
         with self._user_lock.hold(user_id):
             self._drop_cached(user_id)
-            for name in (_chroma.collection_name, _chroma.archive_collection_name):
-                self._handles.drop(name(user_id), user_id=user_id, what="delete the memories")
+            for kind in ("memories", "archive"):
+                self._handles.drop(_chroma.collection_name(user_id, kind), user_id=user_id,
+                                   what="delete the memories")
 
     @contextmanager
     def _coherent(self, user_id: str) -> Iterator[None]:
@@ -569,6 +572,26 @@ class ChromaVectorStore:
         """How many memories the user has (current and not)."""
         cached = self._cached(user_id, load=False)  # Chroma counts fast: not a miss to load for
         return len(cached) if cached is not None else sum(self._both(user_id, "count the memories", lambda c: c.count()))
+
+    def users(self) -> builtins.list[str]:
+        """Every user with a memory collection in this Chroma, sorted."""
+        self._live()
+        return _chroma.stored_users(self._handles.client)
+
+    def reembed_user(
+        self,
+        user_id: str,
+        *,
+        embedder: str,
+        dimension: int,
+        embed: Callable[[Sequence[str]], builtins.list[builtins.list[float]]],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Move the user's collections to another embedder (see :mod:`hybridmem.chroma.reembed`);
+        the caller holds the user's write lock."""
+        self._live()
+        return reembed_user(self._handles.client, user_id, embedder=embedder,
+                            dimension=dimension, embed=embed, progress=progress)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:

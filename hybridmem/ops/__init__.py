@@ -2,7 +2,6 @@
 
 - :mod:`~hybridmem.ops.bundle` — export and import of a user as a bundle (crash-safe import).
 - :mod:`~hybridmem.ops.backup` — backup and restore of the data dir.
-- :mod:`~hybridmem.ops.reembed` — re-embedding a user's memories with a new embedder.
 
 Imports the ground floor and the store wings.
 """

@@ -5,7 +5,7 @@ files with a file lock cannot keep them consistent across hosts, so with ``Setti
 
 - vectors, documents and metadata stay in the user's main collection (:mod:`hybridmem.chroma.vector`);
 - the graph is *derived*: every write of a memory's :class:`~hybridmem.models.Extraction` is one
-  record in the side collection ``g-<user key>`` (:func:`hybridmem.chroma.client.graph_collection_name`),
+  record in the side collection ``g-<user key>`` (:func:`hybridmem.chroma.client.collection_name`),
   and each process replays the records into an
   in-memory :class:`~hybridmem.graph.store.NetworkXGraphStore` (:class:`ChromaGraphStore`);
 - the lexical index is a per-process FTS5 cache of the main collection's documents
@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
 from datetime import datetime, timezone
 from pathlib import Path
@@ -176,7 +177,7 @@ class ChromaGraphStore(_ServerCache):
                  refresh_interval: float = 1.0, focus: float = FOCUS,
                  session: float = SESSION) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
-                         name_of=_chroma.graph_collection_name)
+                         name_of=partial(_chroma.collection_name, kind="graph"))
         self._cache = NetworkXGraphStore(None, focus=focus, session=session)
 
     # -- writes ----------------------------------------------------------------------------------
@@ -499,7 +500,7 @@ class ChromaLexicalIndex(_ServerCache):
         """``call`` on the user's hot and archive collections (those that exist): the vector
         store keeps memories that are not current in the archive, and they stay searchable."""
         got = [self._run(user_id, what, call),
-               self._handles.run(_chroma.archive_collection_name(user_id), call,
+               self._handles.run(_chroma.collection_name(user_id, "archive"), call,
                                  user_id=user_id, what=what)]
         return [g for g in got if g is not None]
 
@@ -509,7 +510,7 @@ class ChromaLexicalIndex(_ServerCache):
         with st.lock:
             self._index.drop_user(user_id)
             self._handles.forget(self._name_of(user_id))
-            self._handles.forget(_chroma.archive_collection_name(user_id))
+            self._handles.forget(_chroma.collection_name(user_id, "archive"))
             st.versions.clear()
             st.checked = st.swept = None
 

@@ -25,16 +25,11 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["ChromaHistoryLog", "history_collection_name"]
+__all__ = ["ChromaHistoryLog"]
 
 _UNIT = [1.0]  # Chroma wants a vector per record; events are never searched by vector
 BATCH = 1000
 _SCHEMA = 1
-
-
-def history_collection_name(user_id: str) -> str:
-    """The name of the user's history side collection."""
-    return "h-" + user_key(user_id)
 
 
 def _of(memory_ids: Sequence[str]) -> Where:
@@ -56,7 +51,7 @@ class ChromaHistoryLog:
     def _run(self, user_id: str, what: str, call: Any, *, create: bool = False) -> Any:
         meta: _chroma.CollectionMeta | None = (
             {"kind": "hybridmem-history", "schema": _SCHEMA} if create else None)
-        return self._handles.run(history_collection_name(user_id), call, user_id=user_id,
+        return self._handles.run(_chroma.collection_name(user_id, "history"), call, user_id=user_id,
                                  what=what, create=meta)
 
     def record(self, user_id: str, events: Sequence[HistoryEvent]) -> None:
@@ -111,7 +106,7 @@ class ChromaHistoryLog:
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's history collection."""
-        self._handles.drop(history_collection_name(user_id), user_id=user_id,
+        self._handles.drop(_chroma.collection_name(user_id, "history"), user_id=user_id,
                            what="delete the history")
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import PyEmbedding
 
-__all__ = ["LEASE_TTL", "ChromaLeases", "Lease", "lease_collection_name"]
+__all__ = ["LEASE_TTL", "ChromaLeases", "Lease"]
 
 log = logging.getLogger(__name__)
 #: Seconds a lease lasts without renewal; a dead holder's lease is taken over after this.
@@ -65,11 +65,6 @@ POLL = 0.02
 MAX_REMEMBERED = 4096
 _UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched
 _SCHEMA = 1
-
-
-def lease_collection_name(user_id: str) -> str:
-    """The name of the user's lease side collection."""
-    return "l-" + user_key(user_id)
 
 
 def _slot(n: int) -> str:
@@ -111,13 +106,13 @@ class ChromaLeases:
         """``call`` on the user's lease collection (created if missing unless not ``create``:
         then None when it is gone, as after :meth:`drop_user`)."""
         created: _chroma.CollectionMeta = {"kind": "hybridmem-lease", "schema": _SCHEMA}
-        return self._handles.run(lease_collection_name(user_id), call, user_id=user_id,
+        return self._handles.run(_chroma.collection_name(user_id, "lease"), call, user_id=user_id,
                                  what=what, create=created if create else None)
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's lease collection (forgetting a user leaves nothing of it); the
         holder's release then finds nothing to free."""
-        self._handles.drop(lease_collection_name(user_id), user_id=user_id,
+        self._handles.drop(_chroma.collection_name(user_id, "lease"), user_id=user_id,
                            what="delete the write lease")
 
     def _slots(self, user_id: str) -> dict[int, tuple[dict[str, Any], str]]:

@@ -28,12 +28,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.errors import ConfigError, StorageError
+from hybridmem.errors import StorageError
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
 
-__all__ = ["PAGE", "chroma_client", "collection_identity", "reembed_user", "stored_users"]
+__all__ = ["PAGE", "reembed_user"]
 
 log = logging.getLogger(__name__)
 #: Memories read, embedded and written per step (and per progress report).
@@ -42,46 +42,9 @@ Embed = Callable[[Sequence[str]], list[list[float]]]
 Progress = Callable[[int, int], None]
 
 
-def chroma_client(vectors: object) -> ClientAPI:
-    """The Chroma client of the default vector store; :class:`ConfigError` for another store."""
-    from hybridmem.chroma.vector import ChromaVectorStore
-
-    if not isinstance(vectors, ChromaVectorStore):
-        raise ConfigError("re-embedding and backing up every user need the default Chroma "
-                          f"vector store, not {type(vectors).__name__}")
-    return vectors.client
-
-
-def stored_users(client: ClientAPI) -> list[str]:
-    """Every user with a memory collection in this Chroma (from the collections' metadata),
-    sorted; a staging collection of an unfinished re-embedding counts for its user."""
-    users: set[str] = set()
-    for collection in client.list_collections():
-        meta = collection.metadata or {}
-        user = meta.get("user_id")
-        if isinstance(user, str) and "embedder" in meta and (
-                collection.name == _chroma.collection_name(user)
-                or collection.name == _staging_name(user)):
-            users.add(user)
-    return sorted(users)
-
-
-def collection_identity(client: ClientAPI, user_id: str) -> tuple[str, int] | None:
-    """The (embedder, dimension) the user's collection records; None without a collection."""
-    collection = _chroma.open_collection(client, _chroma.collection_name(user_id))
-    if collection is None:
-        return None
-    meta = collection.metadata or {}
-    return str(meta.get("embedder")), int(meta.get("dimension") or 0)
-
-
-def _staging_name(user_id: str) -> str:
-    return "r-" + _chroma.collection_name(user_id)
-
-
 def _user_collections(user_id: str) -> tuple[str, str]:
     """The names of the user's hot and archive collections, both moved by :func:`reembed_user`."""
-    return _chroma.collection_name(user_id), _chroma.archive_collection_name(user_id)
+    return _chroma.collection_name(user_id), _chroma.collection_name(user_id, "archive")
 
 
 def reembed_user(
@@ -102,7 +65,7 @@ def reembed_user(
 
 def _reembed_collection(client: ClientAPI, name: str, *, embedder: str, dimension: int,
                         embed: Embed, progress: Progress | None) -> int:
-    staging_name = "r-" + name
+    staging_name = _chroma.STAGING + name
     old = _chroma.open_collection(client, name)
     staging = _chroma.open_collection(client, staging_name)
     if old is not None and staging is None:
