@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     embedder = LocalEmbedder() if args.embedder == "local" else HashEmbedder()
     rows = [json.loads(line) for line in
-            (REPO / "data" / "memories.jsonl").read_text(encoding="utf-8").splitlines() if line]
+            (REPO / "hybridmem" / "demo_data" / "memories.jsonl").read_text(encoding="utf-8").splitlines() if line]
 
     def demo(mem: Any) -> list[str]:
         for user in dict.fromkeys(r["user_id"] for r in rows):

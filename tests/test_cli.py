@@ -140,7 +140,7 @@ def test_demo_is_offline_whatever_the_environment_says(
     output = " ".join(result.output.split())
     assert "(embedder all-MiniLM-L6-v2-int8, extractor rules)" in output
     assert "offline: local embedder, rule extractor, no endpoint" in output
-    queries = json.loads((ROOT / "data" / "demo_queries.json").read_text(encoding="utf-8"))
+    queries = json.loads((ROOT / "hybridmem" / "demo_data" / "demo_queries.json").read_text(encoding="utf-8"))
     assert all(" ".join(q["query"].split()) in output for q in queries)
 
 
@@ -175,7 +175,7 @@ def test_one_shot_commands_run_without_the_garbage_collector(
 
 # -- import -----------------------------------------------------------------------------------------
 def test_import_files_each_row_under_its_own_user(cli: CliRunner) -> None:
-    shipped = ROOT / "data" / "memories.jsonl"
+    shipped = ROOT / "hybridmem" / "demo_data" / "memories.jsonl"
     rows = [json.loads(line) for line in shipped.read_text(encoding="utf-8").splitlines() if line]
     output = run(cli, "import", str(shipped))  # no USER: every row names its own
     users = sorted({r["user_id"] for r in rows})

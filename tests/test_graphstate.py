@@ -25,7 +25,7 @@ def _indexes(st: UserGraph) -> tuple[object, ...]:
 def test_removals_keep_the_indexes_equal_to_a_rebuild() -> None:
     rules, now = RuleExtractor(), datetime.now(timezone.utc)
     records = [json.loads(line) for line in
-               (ROOT / "data" / "memories.jsonl").read_text(encoding="utf-8").splitlines()]
+               (ROOT / "hybridmem" / "demo_data" / "memories.jsonl").read_text(encoding="utf-8").splitlines()]
     rnd = random.Random(4)
     for trial in range(5):
         st = UserGraph("u", None)

@@ -123,7 +123,7 @@ def check_quickstart(nb: nbformat.NotebookNode, server: OpenAIWireServer | None)
 def check_ecommerce(nb: nbformat.NotebookNode, server: OpenAIWireServer | None) -> None:
     picture = tagged(nb, "graph-picture")
     assert any("image/png" in out.get("data", {}) for out in picture.outputs)
-    products = json.loads((ROOT / "data" / "products.json").read_text(encoding="utf-8"))
+    products = json.loads((ROOT / "hybridmem" / "demo_data" / "products.json").read_text(encoding="utf-8"))
     names = {p["name"] for p in products}
     printed = text_of(tagged(nb, "recommend"))
     owns = printed.split("\n")[0]

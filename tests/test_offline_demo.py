@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-QUERIES = json.loads((ROOT / "data" / "demo_queries.json").read_text(encoding="utf-8"))
+QUERIES = json.loads((ROOT / "hybridmem" / "demo_data" / "demo_queries.json").read_text(encoding="utf-8"))
 #: Sample queries whose ``expect`` phrase is not in the demo's top 3 today (measured with the local
 #: MiniLM embedder and the rule extractor). Pinned both ways: a new miss fails, and so does a fix
 #: that is not recorded here — remove the query from this set when retrieval finds it.
