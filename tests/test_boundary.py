@@ -24,7 +24,7 @@ from hybridmem.offline import LocalEmbedder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-# -- named cases (each a case of issue 11) --------------------------------------------------------
+# -- named cases (hostile inputs, each a typed error) ----------------------------------------------
 
 
 @pytest.mark.parametrize("user_id", ["a\ud800", "a\u202eb", "a\x85", "a\ufffd", "a\u2066b"])  # noqa: PT014

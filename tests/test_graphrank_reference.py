@@ -1,8 +1,8 @@
 """graphrank.activate gives exactly what the plain definition gives: the same memories, in the
 same order, with the same float signals, hops and paths. The fast version keeps one accumulator
 per memory, formats each path label once and finds focus and topic members from the named
-entities' memories; this test holds it to a loop written straight from the module docstring (the
-code before session 8), over random graphs, seeds, query entities, linked nodes and settings."""
+entities' memories; this test holds it to a loop written straight from the module docstring,
+over random graphs, seeds, query entities, linked nodes and settings."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def reference(g0: UserGraph, seeds: Sequence[tuple[str, float]], query_entities:
               *, hops: int, episodic: float, max_fanout: int, focus: float, session: float,
               session_span: int, topic: float, similar: Similar | None,
               linked: Sequence[tuple[str, float]]) -> dict[str, tuple[float, int, str]]:
-    """The definition, one contribution at a time (hybridmem.graph.activation before session 8)."""
+    """The definition, one contribution at a time, straight from the module docstring."""
     g = g0.graph
     total = max(len(g0.mem_nodes), len(g0.prevs) + 1, 2)
     log_n = math.log(total + 1)

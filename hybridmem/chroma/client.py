@@ -273,15 +273,14 @@ def is_not_found(exc: BaseException) -> bool:
 #: the collections we create on a Chroma *server*: Chroma's own default, set explicitly.
 HNSW_SYNC_THRESHOLD = 1000
 #: The same in *embedded* collections. Why lower: every add re-reads the log records that wait
-#: for the next persist (up to the threshold; see bench/README.md, session 8), so an add cost
-#: more the longer since the last persist: 16.7 ms at 130 memories, 33.5 ms at 10,030 with 847
-#: waiting (2.0x); at 200 it was 19.7 ms (1.17x), and raw Chroma's single add at 100k memories
-#: went from median 7.4 / p99 15.0 to 5.8 / 13.3 ms (a persist writes the changed part of the
-#: index, not all of it). The price: five times the persists, and so five times the moments in
-#: which a kill -9 can tear the index. Session 5 kept 1,000 because a torn index then lost the
-#: collection; since session 7 embedded collections are checked before first use and a torn one
+#: for the next persist (up to the threshold), so an add costs more the longer since the last
+#: persist: with a threshold of 1,000, 16.7 ms at 130 memories and 33.5 ms at 10,030 with 847
+#: waiting (2.0x); with 200, 19.7 ms (1.17x), and raw Chroma's single add at 100k memories has
+#: median 5.8 / p99 13.3 ms against 7.4 / 15.0 (a persist writes the changed part of the index,
+#: not all of it). The price: five times the persists, and so five times the moments in which a
+#: kill -9 can tear the index; embedded collections are checked before first use and a torn one
 #: is rebuilt with no memory lost (:mod:`hybridmem.chroma.repair`). A server's index files are
-#: the server's own, and nothing of ours repairs them: there the default stays.
+#: the server's own, and nothing of ours repairs them: there Chroma's default applies.
 EMBEDDED_SYNC_THRESHOLD = 200
 
 

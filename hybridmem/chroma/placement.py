@@ -3,8 +3,8 @@ metadata a write replaces comes from what the store already read, never from a s
 
 Why: Chroma's ``upsert`` costs more than its ``add`` (it looks every id up first), and a write
 that replaces a record must send None for every key the old record had and the new one lacks
-(Chroma merges metadata), which used to mean one ``get`` per write just to learn those keys — for
-records that, on a plain add, did not exist at all.
+(Chroma merges metadata). Learning those keys by a ``get`` per write would cost a round trip
+for records that, on a plain add, do not exist at all.
 
 The trap this module exists to avoid: Chroma's ``add`` of an id that is already stored is *silently
 ignored* (checked with chromadb 1.5.9: the old document and metadata stay). So an id is added only

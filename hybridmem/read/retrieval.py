@@ -46,7 +46,7 @@ ACCESS_WAIT = 10.0
 ACCESS_SHARE = 0.1
 #: Memories per part of a background count write: after each part the writer rests
 #: ``1 / ACCESS_SHARE - 1`` times as long as the part took (see AccessLog). One Chroma write
-#: call's worth: a write of fewer is one stall, as before; smaller parts stall more calls
+#: call's worth: a write of fewer is one stall; smaller parts stall more calls
 #: (with parts of 250, bench/latency.py's search p95 at 10k was 256 ms, its p50 18.8 ms).
 ACCESS_PART = 1000
 #: Seconds a "does this user have key facts / episodes" answer is reused by context().
@@ -95,7 +95,7 @@ class QueryBatcher:
     model far less than 8 calls of one (and a remote embedder one request instead of 8). How: a
     query joins the queue; if no call is running its caller makes one for everything queued,
     otherwise it waits and is either answered by the running call's successor or makes the next
-    call itself. Nothing waits for company: a search alone embeds at once, as before."""
+    call itself. Nothing waits for company: a search alone embeds at once."""
 
     def __init__(self, embed: Embed) -> None:
         self._embed = embed

@@ -8,7 +8,7 @@ The rollback journal is *truncated* at each commit (``journal_mode=TRUNCATE``), 
 default mode creates and unlinks ``<file>-journal`` in every transaction, two directory changes
 the file system must commit, which made a one-row commit cost 9.0 ms here against 0.9 ms
 truncated (same durability; measured on this project's ext4 machine). The journal holds page
-images only while its transaction runs, as before; afterwards it is an empty file beside the
+images only while its transaction runs; afterwards it is an empty file beside the
 database (removed with it by :meth:`PerUserSqlite.drop_user`).
 
 Every write goes through :meth:`PerUserSqlite._write`, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` that
