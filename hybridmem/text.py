@@ -1,4 +1,4 @@
-"""The one text normaliser and content-word tokenizer: graph keys, dedup, contradiction, lexical.
+"""The one text normaliser, singulariser and tokenizer: graph keys, dedup, contradiction, lexical.
 
 Every comparison of texts or names in hybridmem goes through here, so two parts can never disagree
 about whether "the ROG laptop" and "ROG Laptop." are the same thing (the graph merging them while
@@ -10,6 +10,9 @@ the contradiction rule kept them apart was a real bug).
 - :func:`entity_key`: :func:`normalise` without one leading "the/a/an/my" (graph node keys).
 - :func:`content_words`: the alphanumeric runs of :func:`normalise` without stopwords (lexical
   queries, Jaccard similarity, head nouns).
+- :func:`singular`: a crude, suffix-only singular of one word (the last word of concept phrases,
+  and of names compared by entity resolution).
+- :func:`predicate_key`: a relation's verb phrase as a snake_case key ("Lives in" -> "lives_in").
 """
 
 from __future__ import annotations
@@ -18,13 +21,28 @@ import hashlib
 import re
 import unicodedata
 
-__all__ = ["STOPWORDS", "content_words", "entity_key", "normalise", "text_hash", "words"]
+__all__ = [
+    "STOPWORDS",
+    "content_words",
+    "entity_key",
+    "normalise",
+    "predicate_key",
+    "singular",
+    "text_hash",
+    "words",
+]
 
 #: Leading words an entity name may carry without naming another entity.
 DETERMINERS = frozenset({"the", "a", "an", "my"})
 # Punctuation stripped from the ends of words; "$", "%", "#", "&", "+" and "@" carry meaning.
 _PUNCT = "!\"'()*,-./:;<=>?[\\]^_`{|}~“”‘’«»…–—¿¡·•"
 _ALNUM = re.compile(r"\w+", re.UNICODE)
+# What separates the words of a predicate key: spaces and hyphens ("lives in", "lives-in").
+_PREDICATE_GAP = re.compile(r"[\s\-]+")
+# Plural endings that take "es" ("boxes", "glasses", "watches", "dishes").
+_ES_PLURALS = ("ches", "shes", "sses", "xes")
+# Word endings that look plural but are not ("glass", "bus", "analysis", the possessive "'s").
+_NOT_PLURAL = ("ss", "us", "is", "'s", "’s")
 #: Function words that match nearly every memory; dropping them keeps OR-queries selective.
 STOPWORDS = frozenset(
     """a an and are as at be been but by can could did do does for from had has have he her hers him
@@ -72,6 +90,34 @@ def content_words(text: str) -> list[str]:
         if word not in STOPWORDS:
             seen.setdefault(word, None)
     return list(seen)
+
+
+def singular(word: str) -> str:
+    """A crude singular of one lower-case word, so "adoption agencies" meets "adoption agency" and
+    "Dell monitors" meets "Dell monitor".
+
+    Suffix rules only, first match wins: "-ies" -> "-y" ("agencies"); "-ches", "-shes", "-sses"
+    and "-xes" lose "es" ("watches", "dishes", "glasses", "boxes"); otherwise one final "s" goes,
+    except after "s", "u" or "i" ("glass", "bus", "analysis") and in a possessive. The first two
+    rules need five letters or more ("pies" -> "pie", "axes" -> "axe"), the last one four ("its"
+    and "gas" stay). Irregular plurals stay ("mice"), and nouns in "-ie" or "-che" come out wrong
+    ("movies" -> "movy", "headaches" -> "headach"), so their two forms do not meet.
+    """
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 4 and word.endswith(_ES_PLURALS):
+        return word[:-2]
+    if len(word) > 3 and word.endswith("s") and not word.endswith(_NOT_PLURAL):
+        return word[:-1]
+    return word
+
+
+def predicate_key(phrase: str) -> str:
+    """The key of a relation's verb phrase, so a rule and a model name one relation alike: NFKC,
+    casefolded, each run of spaces and hyphens one "_", none at either end ("Lives in",
+    "lives-in" and " lives  in " are all "lives_in"). Underscores and other signs stay."""
+    folded = unicodedata.normalize("NFKC", phrase).casefold()
+    return "_".join(part for part in _PREDICATE_GAP.split(folded) if part)
 
 
 def text_hash(text: str) -> str:

@@ -55,6 +55,21 @@ def test_sections_order_dedup_and_escaping(counter: TiktokenCounter) -> None:
     assert ctx.lines[0].why == "vector .7"
 
 
+def test_duplicates_are_lines_equal_under_normalise(counter: TiktokenCounter) -> None:
+    ctx = build_context(
+        [
+            ContextCandidate("memories", "I bought a ROG laptop.", "m1"),
+            ContextCandidate("facts", "“i bought  a ROG LAPTOP”", "m2"),  # case, quotes, spaces
+            ContextCandidate("memories", "Ｉ bought a ROG laptop", "m3"),  # full width
+            ContextCandidate("memories", "I bought a ROG laptop case", "m4"),  # another line
+            ContextCandidate("memories", " -- ", "m5"),  # no words: left out
+        ],
+        counter=counter,
+        max_tokens=500,
+    )
+    assert [line.memory_id for line in ctx.lines] == ["m1", "m4"]
+
+
 def test_a_single_huge_memory_is_truncated_with_marker(counter: TiktokenCounter) -> None:
     ctx = build_context(
         [ContextCandidate("memories", "word " * 2000, "big")], counter=counter, max_tokens=60

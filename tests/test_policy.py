@@ -10,7 +10,16 @@ import pytest
 from hybridmem import Entity, Extraction, Memory, Relation, Settings
 from hybridmem.models import AddRequest, MemoryItem, utcnow
 from hybridmem.offline import LocalEmbedder
-from hybridmem.write.policy import bumped, conflicting, doomed, merged, near_duplicate
+from hybridmem.prompts import JUDGE_PROMPT
+from hybridmem.write.policy import (
+    JUDGE_SCHEMA,
+    bumped,
+    conflicting,
+    doomed,
+    merged,
+    near_duplicate,
+    parse_verdict,
+)
 
 
 def rel(subject: str, predicate: str, obj: str) -> Relation:
@@ -134,3 +143,9 @@ def test_the_rog_laptop_is_superseded_by_rog_laptop(table_mem: Memory) -> None:
     assert [e.action for e in table_mem.history("u1", old.id)] == ["add", "supersede"]
     (edge,) = table_mem.relations("u1")  # the old edge lost its only support
     assert (edge.subject_key, edge.predicate, edge.object) == ("rog laptop", "status", "repaired")
+
+
+def test_the_judge_is_asked_for_exactly_the_verdicts_its_schema_allows() -> None:
+    verdicts = JUDGE_SCHEMA["properties"]["verdict"]["enum"]
+    assert all(v in JUDGE_PROMPT for v in verdicts)
+    assert all(parse_verdict(f'{{"verdict": "{v}", "reason": "x"}}') == v for v in verdicts)

@@ -5,7 +5,8 @@ remains the upgrade when an endpoint is configured.
 
 A concept is two or three lower-case words after a determiner or a preposition ("a pottery class",
 "to the adoption agency"), with vague leading adjectives dropped ("a great support group" ->
-"support group") and the last word made singular ("adoption agencies" -> "adoption agency").
+"support group") and the last word made singular by :func:`hybridmem.text.singular` ("adoption
+agencies" -> "adoption agency").
 Single words are left out: they are too common to link anything (the lexical index has them).
 """
 
@@ -14,7 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Set
 
-__all__ = ["concepts", "singular"]
+from hybridmem.text import singular
+
+__all__ = ["concepts"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -42,17 +45,6 @@ STOP = _words(
 )
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|[^\sA-Za-z]+")
 _WORD = re.compile(r"^[a-z][a-z-]*[a-z]$")
-
-
-def singular(word: str) -> str:
-    """A crude singular, so "adoption agencies" meets "adoption agency"."""
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 4 and word.endswith(("ches", "shes", "sses", "xes")):
-        return word[:-2]
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is", "'s")):
-        return word[:-1]
-    return word
 
 
 def concepts(sentence: str, stop: Set[str] = frozenset()) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from hybridmem.extract.concepts import concepts
 from hybridmem.models import Entity, Extraction, Relation
-from hybridmem.text import entity_key
+from hybridmem.text import entity_key, predicate_key
 
 __all__ = ["RuleExtractor"]
 
@@ -408,10 +408,6 @@ def _object_type(obj: str, pred: str, spans: Sequence[_Span]) -> str:
     return implied or "thing"
 
 
-def _snake(words: str) -> str:
-    return "_".join(words.lower().split())
-
-
 class RuleExtractor:
     """The offline :class:`~hybridmem.protocols.Extractor`: regexes only, approximate and fast.
 
@@ -539,7 +535,7 @@ class RuleExtractor:
                 if not prefix.strip() and clause > 0 and last_subject is not None:
                     subj = last_subject  # "..., and returned the mouse"
                 elif (my := _MY_ATTR.search(prefix)) and _THIRD[form] == "is":
-                    subj, kind = (who, "person"), "my:" + _snake(my.group(1))
+                    subj, kind = (who, "person"), "my:" + predicate_key(my.group(1))
                 else:
                     np = _subject_np(sentence, clause, vm.start(), spans)
                     subj = (np.text, np.type) if np else None

@@ -6,11 +6,13 @@ names: "ASUS ROG Strix G16 laptop", "ASUS ROG Strix G16", "ROG Strix laptop" and
 thing. Name ``a`` is a form of name ``b`` when (on entity-key words):
 
 - every word of ``a`` is a word of ``b`` and ``a`` is shorter (a leading count like "three" and a
-  plural last word do not count: "three Dell P2425H monitors" is "Dell P2425H monitor");
+  plural last word, by :func:`hybridmem.text.singular`, do not count: "three Dell P2425H monitors"
+  is "Dell P2425H monitor", "Apple Watches" is "Apple Watch");
 - ``a`` has two or more words, or one word that is a model code (letters and digits: "K2",
   "WH-1000XM5") — a bare brand or common word ("Sony", "pixel") is too vague;
-- the words ``b`` adds are not numbers or variant words (``pro``, ``max``, ``mini`` ...) and, if ``a`` already
-  has a model code, not another code: "iPhone 15" is not "iPhone 15 Pro", nor "Pixel 8" "Pixel 8 128GB".
+- the words ``b`` adds are not numbers or variant words (``pro``, ``max``, ``mini`` ...) and, if
+  ``a`` already has a model code, not another code: "iPhone 15" is not "iPhone 15 Pro", nor
+  "Pixel 8" "Pixel 8 128GB".
 
 Two names are also one model when they share the first word (the brand) and a model code or a long
 number, with no other code or variant word on either side ("Anker 563 dock" and "Anker 563 USB-C
@@ -38,8 +40,11 @@ from collections.abc import Callable, Iterable, Mapping
 
 from rapidfuzz import fuzz
 
+from hybridmem.text import singular
+
 __all__ = [
-    "FUZZY_RATIO", "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible", "is_form_of", "resolve_by_tokens"
+    "FUZZY_RATIO", "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible",
+    "is_form_of", "resolve_by_tokens",
 ]
 
 #: Entity types whose names may be matched by containment (a product also takes a name the rules
@@ -73,19 +78,11 @@ def _code(word: str) -> bool:
     )
 
 
-def _singular(word: str) -> str:
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
-
-
 def _norm(words: tuple[str, ...]) -> tuple[str, ...]:
     """The words compared: a leading count dropped, the last word singular."""
     if len(words) > 1 and words[0] in COUNTS:
         words = words[1:]
-    return (*words[:-1], _singular(words[-1])) if words else ()
+    return (*words[:-1], singular(words[-1])) if words else ()
 
 
 def better_name(new: str, old: str) -> bool:
@@ -98,7 +95,7 @@ def better_name(new: str, old: str) -> bool:
 def _alike(word: str, other: str) -> bool:
     """A misspelling or an abbreviated model code of ``other`` (see the module docstring)."""
     if _code(word) or _code(other):
-        tail = _singular(word)
+        tail = singular(word)
         return (
             _code(tail) and _code(other) and tail[0].isalpha() and len(other) > len(tail)
             and other.endswith(tail) and not other[-len(tail) - 1].isalpha()

@@ -15,7 +15,7 @@ import networkx as nx
 from hybridmem.graph.fileformat import MAX_PREDICATE, refresh_edge
 from hybridmem.models import Extraction
 from hybridmem.graph.resolve import better_name, resolve_by_tokens
-from hybridmem.text import entity_key
+from hybridmem.text import entity_key, predicate_key
 
 __all__ = ["LOG_FILE", "Stamp", "UserGraph", "stamp_of"]
 
@@ -140,8 +140,8 @@ class UserGraph:
                 if not self.graph.has_edge(u, v):
                     self.graph.add_edge(u, v, evidence={})
                 attrs = self.graph.edges[u, v]
-                pred = "_".join(rel.predicate.casefold().split())[:MAX_PREDICATE]
-                pred = pred or "related_to"  # (casefolding can lengthen: "ß" -> "ss")
+                # the one predicate key; cut after folding (casefolding can lengthen: "ß" -> "ss")
+                pred = predicate_key(rel.predicate)[:MAX_PREDICATE] or "related_to"
                 support = attrs["evidence"].setdefault(pred, {})
                 support[memory_id] = max(support.get(memory_id, 0.0), rel.confidence)
                 refresh_edge(attrs)

@@ -10,14 +10,15 @@ the budget (:data:`DEFAULT_SHARES` of ``max_tokens``, or the tokens a caller nam
 :data:`RESERVE_ORDER`: the best memory, then a key fact, ...), so a share too small for one line is
 not wasted; then, over the candidates in priority order, each line that fits its section's share;
 then, in the room that is left, every other line that fits. So a section is guaranteed its share
-when it has lines to fill it — key facts are no longer the first thing dropped when the budget is
-tight — and a share a section cannot use goes to the others, best first. A section with a budget
+when it has lines to fill it (key facts are not the first thing dropped when the budget is tight),
+and a share a section cannot use goes to the others, best first. A section with a budget
 of 0 gets only what is left at the end.
 
-The whole text, headers, separators and the ``<memory>`` wrapper included, never exceeds
-``max_tokens``. A line is never cut unless nothing at all fits and the single best memory alone is
-larger than the budget (then it is truncated with a marker). Stored text is escaped (``<`` and
-``&``) so a memory cannot close the wrapper and pose as instructions.
+A line enters once: lines equal under :func:`hybridmem.text.normalise` are one line, in the
+place of the first. The whole text, headers, separators and the ``<memory>`` wrapper included,
+never exceeds ``max_tokens``. A line is never cut unless nothing at all fits and the single best
+memory alone is larger than the budget (then it is truncated with a marker). Stored text is
+escaped (``<`` and ``&``) so a memory cannot close the wrapper and pose as instructions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import get_args
 from hybridmem.errors import InvalidInputError
 from hybridmem.models import Context, ContextLine, GraphRelation, Hit, MemoryItem, Section
 from hybridmem.protocols import TokenCounter
+from hybridmem.text import normalise
 
 __all__ = [
     "DEFAULT_SHARES",
@@ -187,12 +189,17 @@ def build_context(
 ) -> Context:
     """Pack ``candidates`` (best first) into at most ``max_tokens`` tokens, duplicates removed:
     each section up to its share first (see :func:`section_budgets`), then the rest of the room
-    in priority order."""
+    in priority order.
+
+    Two lines are duplicates when their :func:`hybridmem.text.normalise` forms are equal (they
+    differ only in case, width, spacing or the punctuation around words: "I bought a ROG laptop."
+    and "i bought a  ROG laptop"); the first, higher-priority one is kept. A line with no words
+    (empty, or punctuation only) is left out."""
     shares = section_budgets(max_tokens, budgets)
     lines: list[tuple[ContextCandidate, str]] = []
     seen: set[str] = set()
     for cand in candidates:
-        key = " ".join(cand.text.lower().split())
+        key = normalise(cand.text)
         if key and key not in seen:
             seen.add(key)
             lines.append((cand, "- " + _escape(" ".join(cand.text.split()))))

@@ -12,12 +12,12 @@ from typing import Any
 from hybridmem.errors import InvalidInputError
 from hybridmem.filters import AllOf, Condition, eq
 from hybridmem.models import AddRequest, MemoryItem
+from hybridmem.prompts import SUMMARY_PROMPT
 from hybridmem.protocols import ChatMessage, VectorStore
 
 __all__ = [
     "MAX_SUMMARY_CHARS",
     "MAX_SUMMARY_TURNS",
-    "SUMMARY_PROMPT",
     "still_unsummarized",
     "summary_messages",
     "summary_request",
@@ -28,10 +28,6 @@ __all__ = [
 #: Most turns (and characters) one summary episode covers.
 MAX_SUMMARY_TURNS = 200
 MAX_SUMMARY_CHARS = 12_000
-SUMMARY_PROMPT = (
-    "Summarise this conversation with the user for their long-term memory: the facts, decisions, "
-    "preferences and open issues, in at most 5 short sentences. Plain text, no preamble."
-)
 
 
 def unsummarized(vectors: VectorStore, user_id: str) -> list[MemoryItem]:
@@ -43,7 +39,8 @@ def unsummarized(vectors: VectorStore, user_id: str) -> list[MemoryItem]:
 
 
 def summary_messages(turns: list[MemoryItem]) -> list[ChatMessage]:
-    """The request for one summary of ``turns`` (the latest characters if they are many)."""
+    """The request for one summary of ``turns`` (the latest characters if they are many), under
+    :data:`hybridmem.prompts.SUMMARY_PROMPT`."""
     transcript = "\n".join(f"{t.source}: {t.text}" for t in turns)
     return [
         {"role": "system", "content": SUMMARY_PROMPT},

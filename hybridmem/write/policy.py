@@ -4,7 +4,8 @@ looks like. Pure functions, no I/O: :mod:`hybridmem.write.writer` applies them t
 Cheap first, models last: a normalised-text hash finds identical memories; token Jaccard and
 embedding cosine find near-duplicates; a functional predicate with a new object (``lives_in``,
 ``works_at``, ``name`` ...) marks a contradiction that supersedes the older memory. An LLM judge is
-only asked about pairs in the undecided cosine band (see :data:`JUDGE_SCHEMA`).
+only asked about pairs in the undecided cosine band (its instruction is
+:data:`hybridmem.prompts.JUDGE_PROMPT`, its reply :data:`JUDGE_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from hybridmem.models import AddRequest, MemoryItem, MetadataValue, Relation
+from hybridmem.prompts import JUDGE_PROMPT as JUDGE_PROMPT  # re-exported: the writer reads it here
 from hybridmem.text import content_words, entity_key
 
 __all__ = [
@@ -53,11 +55,6 @@ JUDGE_SCHEMA: dict[str, Any] = {
     },
     "required": ["verdict"],
 }
-JUDGE_PROMPT = (
-    "You maintain a user's long-term memory. Compare an OLD memory with a NEW one about the same "
-    "user. Answer UPDATE if the new one replaces the old (the fact changed), DUPLICATE if they say "
-    "the same thing, KEEP_BOTH if both stay true. Reply with JSON: {\"verdict\": ..., \"reason\": ...}."
-)
 
 
 def jaccard(a: str, b: str) -> float:
