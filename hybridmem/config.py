@@ -153,7 +153,7 @@ class Settings(BaseSettings):
     min_score: float = Field(
         default=0.0, ge=0,
         description="Hits with a fused score below this are left out of search and context "
-        "(0: none is); see the README's 'Score threshold' for the measured scale.",
+        "(0: none is); see docs/search.md, 'Score threshold', for the measured scale.",
     )
 
     # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)

@@ -52,8 +52,8 @@ def test_a_swapped_value_is_never_a_duplicate() -> None:
     assert not near_duplicate("My cat is called Pixel.", "My cat is named Pixel.", 0.95)
 
 
-#: data/README.md's planted near-duplicates (they must merge at the default) and facts of the
-#: same shape that must not (bench/dedup_calibration.py measures the whole labelled set).
+#: The demo data's planted near-duplicates (docs/demo-data.md; they must merge at the default)
+#: and facts of the same shape that must not (bench/dedup_calibration.py measures the whole labelled set).
 PLANTED = [
     ("I hate loud mechanical keyboards; the clatter bleeds into my microphone when I stream.",
      "Can't stand noisy mechanical keyboards. All that clicking drives me up the wall on voice calls."),
@@ -113,6 +113,7 @@ class TableExtractor:
     """A tiny real extractor: the relations a table gives each text (no model, no mock)."""
 
     name = "table"
+    offline = True
 
     def __init__(self, table: dict[str, list[Relation]]) -> None:
         self.table = table

@@ -1,5 +1,6 @@
-"""The README's Python code blocks run as written (offline) and print what its "Output (real)" block
-shows; its two commands are the real ones."""
+"""The README's and the docs' Python code blocks run as written (offline) and print what their
+"Output (real ...)" blocks show; the README's two commands are the real ones; the configuration
+table is the real Settings; the REST examples run against a real server."""
 
 from __future__ import annotations
 
@@ -20,41 +21,44 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))}
+#: Every page a reader sees, README first.
+PAGES = {"README.md": README, **{f"docs/{name}": text for name, text in DOCS.items()}}
 #: Scores may move this much between CPUs (ONNX kernels differ in the last digits).
 SCORE_TOLERANCE = 0.01
 _NUMBER = re.compile(r"-?\d+\.\d+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_OUTPUT = re.compile(r"```python\n(.*?)```\s*\nOutput \(real[^\n]*\n+```text\n(.*?)```", flags=re.S)
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
-def _printed_blocks() -> list[tuple[str, str]]:
+def _printed_blocks(text: str) -> list[tuple[str, str]]:
     """(python block, the "Output (real ...)" text block right after it)."""
-    return re.findall(r"```python\n(.*?)```\s*\nOutput \(real[^\n]*\n+```text\n(.*?)```",
-                      README, flags=re.S)
+    return _OUTPUT.findall(text)
 
 
 def _differences(expected: str, actual: str) -> list[str]:
     """Lines that differ beyond dates (today's) and decimals (within SCORE_TOLERANCE)."""
     want, got = expected.strip().splitlines(), actual.strip().splitlines()
     if len(want) != len(got):
-        return [f"{len(got)} lines printed, the README shows {len(want)}:\n{actual}"]
+        return [f"{len(got)} lines printed, the page shows {len(want)}:\n{actual}"]
     out = []
     for w, g in zip(want, got):
         w_shape, g_shape = (_NUMBER.sub("#", _DATE.sub("DATE", x)) for x in (w, g))
         w_nums = [float(n) for n in _NUMBER.findall(_DATE.sub("DATE", w))]
         g_nums = [float(n) for n in _NUMBER.findall(_DATE.sub("DATE", g))]
         if w_shape != g_shape or any(abs(a - b) > SCORE_TOLERANCE for a, b in zip(w_nums, g_nums)):
-            out.append(f"README: {w}\nprinted: {g}")
+            out.append(f"shown: {w}\nprinted: {g}")
     return out
 
 
-def _run(block: str) -> str:
+def _run(block: str, filename: str) -> str:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102
+        exec(compile(block, filename, "exec"), {"__name__": "__docs__"})  # noqa: S102
     return printed.getvalue()
 
 
@@ -65,56 +69,123 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_readme_python_blocks_run_and_print_the_shown_output(in_tmp: Path) -> None:
-    blocks = _blocks("python")
-    assert blocks, "README has no python blocks"
-    shown = dict(_printed_blocks())
-    assert shown, "README shows no 'Output (real)' block after a python block"
-    for block in blocks:
-        printed = _run(block)
+def _check_page(name: str) -> None:
+    """Run every python block of one page, in order, in one directory; compare shown outputs."""
+    text = PAGES[name]
+    shown = dict(_printed_blocks(text))
+    assert text.count("\nOutput (real") == len(_printed_blocks(text)), (
+        f"{name}: an 'Output (real ...)' line is not right after a python block and before a "
+        "text block, so nothing would check it")
+    for block in _blocks(text, "python"):
+        printed = _run(block, name)
         if block in shown:
-            assert _differences(shown[block], printed) == []
+            diffs = _differences(shown[block], printed)
+            assert diffs == [], f"{name} shows another output than its block prints:\n" + \
+                "\n".join(diffs)
+
+
+def test_readme_python_blocks_run_and_print_the_shown_output(in_tmp: Path) -> None:
+    assert _blocks(README, "python"), "README has no python blocks"
+    assert _printed_blocks(README), "README shows no 'Output (real)' block after a python block"
+    _check_page("README.md")
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES if n != "README.md" and "```python" in PAGES[n]])
+def test_docs_python_blocks_run_and_print_the_shown_output(name: str, in_tmp: Path) -> None:
+    _check_page(name)
+
+
+def test_the_docs_have_executed_examples() -> None:
+    pages = [n for n in PAGES if _printed_blocks(PAGES[n])]
+    for page in ("docs/quickstart.md", "docs/search.md", "docs/lifecycle.md",
+                 "docs/operations.md", "docs/langgraph.md"):
+        assert page in pages, f"{page} shows no checked output"
 
 
 def test_the_output_comparison_can_fail() -> None:
-    text = "1.5678  A\n        why: vector 0.52 #1 · just now\n138 tokens\n- [2026-11-30] A"
+    text = "1.5678  A\n        cosine 0.52  bm25 0.42\n138 tokens\n- [2026-11-30] A"
     assert _differences(text, text.replace("2026-11-30", "2031-01-02")) == []
     assert _differences(text, text.replace("1.5678", "1.5701")) == []
     assert _differences(text, text.replace("1.5678", "1.6678"))  # a score moved
-    assert _differences(text, text.replace("#1", "#2"))  # a rank changed
+    assert _differences(text, text.replace("cosine", "bm25"))  # a label changed
     assert _differences(text, text.replace("138", "139"))  # the budget used changed
     assert _differences(text, text + "\nextra")
+    unchecked = "```python\nprint(1)\n```\n\nOutput (real):\n\n```\n1\n```\n"
+    assert unchecked.count("\nOutput (real") != len(_printed_blocks(unchecked))
 
 
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    commands = [line.strip() for line in _blocks("bash")[0].splitlines() if line.strip()]
+    commands = [line.strip() for line in _blocks(README, "bash")[0].splitlines() if line.strip()]
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command in ci
     assert ci.startswith("#!") and os.access(ROOT / ".ci" / "run", os.X_OK), (
         ".ci/run must be an executable script (chmod +x .ci/run)")
 
 
+def _table(text: str) -> dict[str, list[str]]:
+    """The configuration table of a page: field -> its cells (env var, field, default, meaning)."""
+    body = text.split("| env var | field | default | meaning |")[1].split("\n\n")[0]
+    rows = [[c.strip() for c in row.strip().strip("|").split(" | ")]
+            for row in body.strip().splitlines()[1:]]
+    return {cells[1].strip("`"): cells for cells in rows}
+
+
+def _shown_default(cell: str, default: Any, fields: frozenset[str] = frozenset()) -> bool:
+    """Whether a table's default cell says what Settings uses: a literal in backticks first (a
+    number, a boolean or a string); for None, ``unset`` or another field's name (``base_url``)."""
+    literal = re.match(r"`([^`]*)`", cell)
+    if default is None:
+        return cell.startswith("unset") or (literal is not None and literal.group(1) in fields)
+    if literal is None or not isinstance(default, (bool, int, float, str)):
+        return True  # prose ("a short instruction") or a path: nothing exact to compare
+    value = literal.group(1)
+    if isinstance(default, bool):
+        return value == str(default).lower()
+    if isinstance(default, (int, float)):
+        return float(value) == float(default)
+    return value == default
+
+
 def test_configuration_table_lists_every_setting() -> None:
     from hybridmem import Settings
 
-    table = README.split("| env var | field | default | meaning |")[1].split("\n\n")[0]
-    fields = {row.split("|")[2].strip().strip("`") for row in table.strip().splitlines()[1:]}
-    assert fields == set(Settings.model_fields)
-    for row in table.strip().splitlines()[1:]:
-        env, field = (cell.strip().strip("`") for cell in row.split("|")[1:3])
-        assert env == ("OPENAI_API_KEY" if field == "openai_api_key" else f"HYBRIDMEM_{field.upper()}")
-    assert "| `graph_weight` | `1.0` |" in README  # what the code uses (ranking's measurement)
+    table = _table(DOCS["configuration.md"])
+    assert set(table) == set(Settings.model_fields)
+    for field, (env, _, default, _) in table.items():
+        assert env.strip("`") == (
+            "OPENAI_API_KEY" if field == "openai_api_key" else f"HYBRIDMEM_{field.upper()}")
+        assert _shown_default(default, Settings.model_fields[field].default,
+                              frozenset(Settings.model_fields)), (field, default)
+    assert table["graph_weight"][2] == "`1.0`"  # what the code uses (ranking's measurement)
+
+
+def test_readme_configuration_rows_agree_with_the_full_table() -> None:
+    full, short = _table(DOCS["configuration.md"]), _table(README)
+    assert {"data_dir", "base_url", "api_key", "openai_api_key", "chat_model", "embedder",
+            "chroma_url"} <= set(short)
+    for field, cells in short.items():
+        assert cells[:3] == full[field][:3], field  # env var, field and default agree
+
+
+def test_the_default_comparison_can_fail() -> None:
+    assert _shown_default("`0.68`", 0.68) and not _shown_default("`0.92`", 0.68)
+    assert _shown_default("`true`", True) and not _shown_default("`false`", True)
+    assert _shown_default("unset (embedded)", None) and not _shown_default("`5`", 4)
+    assert _shown_default("`base_url`", None, frozenset({"base_url"}))
+    assert not _shown_default("`0` (off)", None, frozenset({"base_url"}))
 
 
 def test_local_servers_have_their_own_ports() -> None:
     for port, server in (("8080", "llama.cpp"), ("8000", "vLLM"), ("11434", "Ollama")):
-        line = next(line for line in README.splitlines() if f"127.0.0.1:{port}/v1" in line)
-        assert server in line
+        lines = [line for text in PAGES.values() for line in text.splitlines()
+                 if f"HYBRIDMEM_BASE_URL=http://127.0.0.1:{port}/v1" in line]
+        assert lines, f"no page shows the {server} endpoint"
+        assert all(server in line for line in lines), lines
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
-def test_readme_rest_examples_run_against_a_real_server(
+def test_rest_examples_run_against_a_real_server(
     tmp_path: Path, embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import uvicorn
@@ -122,7 +193,7 @@ def test_readme_rest_examples_run_against_a_real_server(
     from hybridmem import Memory, Settings
     from hybridmem.server import create_app
 
-    block = next(b for b in _blocks("bash") if "# the REST examples" in b)
+    block = next(b for b in _blocks(DOCS["rest.md"], "bash") if "# the REST examples" in b)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -149,3 +220,12 @@ def test_readme_rest_examples_run_against_a_real_server(
         assert [f.key for f in mem.facts("client_1")] == ["city"]
         exported = json.loads((tmp_path / "client_1.json").read_text(encoding="utf-8"))
         assert len(exported["memories"]) == 5
+
+
+def test_readme_is_a_short_read_and_its_links_resolve() -> None:
+    assert len(README.splitlines()) <= 250, "README.md: at most 250 lines; move detail to docs/"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert any(link.startswith("docs/") for link in local)
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert missing == [], f"README.md links to missing files: {missing}"

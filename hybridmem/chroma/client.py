@@ -295,7 +295,7 @@ def create_collection(client: ClientAPI, name: str, metadata: CollectionMeta) ->
     written when the collection is created: an existing collection keeps its own (Chroma ignores
     the configuration of ``get_or_create_collection`` then; see :func:`adopt_sync_threshold`,
     and an operator changes one with
-    ``collection.modify(configuration={"hnsw": {"sync_threshold": N}})``, see the README)."""
+    ``collection.modify(configuration={"hnsw": {"sync_threshold": N}})``, see docs/operations.md)."""
     return client.get_or_create_collection(
         name=name,
         embedding_function=None,

@@ -598,7 +598,7 @@ class ChromaVectorStore:
         """Make deletions and replaced texts physical in embedded mode (what and why:
         :func:`hybridmem.chroma.client.purge_embedded`); a Chroma server manages its own files, so there
         this does nothing (its operator must compact them). Cost: a rewrite of Chroma's SQLite
-        file, ~proportional to its size (see the README)."""
+        file, ~proportional to its size (see docs/lifecycle.md)."""
         self._live()
         if self._path is None:
             return

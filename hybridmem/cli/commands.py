@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # imported when a command runs, so --help never loads the sto
 
 HELP = """Long-term memory for LLM apps, from the command line.
 
-Every command but demo reads HYBRIDMEM_* settings from the environment (see the README's
-configuration table); --data-dir overrides HYBRIDMEM_DATA_DIR. Exit codes: 0 done, 1 the
+Every command but demo reads HYBRIDMEM_* settings from the environment (see
+docs/configuration.md); --data-dir overrides HYBRIDMEM_DATA_DIR. Exit codes: 0 done, 1 the
 operation failed, 2 bad usage or a bad setting."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, rich_markup_mode=None)

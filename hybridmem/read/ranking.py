@@ -29,7 +29,7 @@ the graph alone reached never outranks the hit that reached it.
 RRF fusion (``fusion="rrf"``, ``k = rrf_k = 60`` as in Cormack et al. 2009) replaces ``base`` by
 ``w_v / (k + r_v) + w_l / (k + r_l) + w_g * g / (k + r_g)``.
 
-Why these defaults (``bench/locomo.py``, LoCoMo dev split, categories 1-4; see bench/README.md):
+Why these defaults (``bench/locomo.py``, LoCoMo dev split, categories 1-4; see docs/benchmarks.md):
 weighted fusion beats RRF (R@10 .663 / MRR .492 against .592 / .426 without a graph). With graph
 activation, ``w_g = 1`` measured best among 0.2 / 0.5 / 1 / 2 on two dev conversations (R@10 .673
 -> .723, R@2000tok .845 -> .890, MRR .479 -> .490); 2 raised R@20 but cost MRR (.430). Almost all
