@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hybridmem.chroma.client import file_limit
+from hybridmem.runtime.process import file_limit
 from hybridmem.runtime.locks import DataDirLock
 from hybridmem.config import Settings
 from hybridmem.errors import EmbedderError, HybridMemError
@@ -149,7 +149,7 @@ def _open(
 def _max_open(s: Settings) -> int:
     """Open users per SQLite store: three files per open user (lexical index, history, name
     vectors) within a quarter of the file limit (embedded Chroma takes at most half, see
-    _chroma.CHROMA_FILE_SHARE)."""
+    hybridmem.chroma.client.CHROMA_FILE_SHARE)."""
     limit = file_limit()
     return min(s.max_open_users, max(8, limit // 12)) if limit else s.max_open_users
 

@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     scrub_heap: bool = Field(
         default=True,
         description="Overwrite freed heap memory (glibc M_PERTURB) so erased text cannot reach "
-        "embedded Chroma's index files; see hybridmem.chroma.client.scrub_freed_heap.",
+        "embedded Chroma's index files; see hybridmem.runtime.process.scrub_freed_heap.",
     )
 
     # write policy (see hybridmem.write.policy)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hybridmem.chroma import client as _chroma
+from hybridmem.runtime import process
 from hybridmem.runtime.files import user_key
 from hybridmem.errors import (
     ConfigError,
@@ -208,7 +209,7 @@ def test_failures_become_storage_errors_naming_user_and_operation(
 
 
 def test_scrub_freed_heap_reports_whether_it_could() -> None:
-    assert isinstance(_chroma.scrub_freed_heap(), bool)
+    assert isinstance(process.scrub_freed_heap(), bool)
 
 
 #: Collections the index-cache test searches: capped, Chroma 1.5 still leaves ~37-45 of 60 open
@@ -254,7 +255,7 @@ def test_max_indexes_shrinks_embedded_chromas_index_cache(tmp_path: Path) -> Non
     RAM; max_indexes lowers what it sees (each variant in a fresh process, so the descriptors
     open before do not count). Chroma 1.5 does not hold its cache exactly to that size: open
     index files still grow, more slowly."""
-    limit = _chroma.file_limit()
+    limit = process.file_limit()
     if limit is None or limit * _chroma.CHROMA_FILE_SHARE < _SEARCHED * _chroma.FILES_PER_INDEX:
         pytest.skip(f"the file limit already bounds Chroma's cache below {_SEARCHED} indexes")
     uncapped = _index_files_after_searching(tmp_path / "uncapped", None)
@@ -268,9 +269,10 @@ import sys
 from pathlib import Path
 import numpy as np
 from hybridmem.chroma import client as _chroma
+from hybridmem.runtime import process
 root, release = Path(sys.argv[1]), sys.argv[2] == "release"
-if not release:  # the variant without the fix: what RSS did before
-    _chroma.release_freed_heap = lambda: False
+if not release:  # the variant without malloc_trim, for comparison
+    process.release_freed_heap = lambda: False
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):
@@ -301,7 +303,7 @@ def _rss_after_replacing_clients(root: Path, release: bool) -> list[int]:
     return [int(x) for x in done.stdout.split()]
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").is_file() or not _chroma.release_freed_heap(),
+@pytest.mark.skipif(not Path("/proc/self/status").is_file() or not process.release_freed_heap(),
                     reason="needs Linux with glibc")
 def test_rss_stays_flat_as_clients_are_replaced(tmp_path: Path) -> None:
     """Each client replacement frees the indexes the old client loaded; glibc kept those pages

@@ -266,9 +266,9 @@ with Memory(Settings(data_dir=Path(sys.argv[1]), scrub_heap=sys.argv[2] == "on")
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
 def test_an_embedded_memory_turns_heap_scrubbing_on(tmp_path: Path) -> None:
-    from hybridmem.chroma import client as _chroma
+    from hybridmem.runtime import process
 
-    assert _chroma.scrub_freed_heap() is True
+    assert process.scrub_freed_heap() is True
     for setting, expected in (("on", "False True"), ("off", "False False")):
         proc = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(tmp_path / setting), setting],
                               capture_output=True, text=True, timeout=120)
@@ -345,11 +345,11 @@ def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embe
 
 TCACHE_PROBE = r"""
 import ctypes
-from hybridmem.chroma import client as _chroma
+from hybridmem.runtime import process
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-assert _chroma.scrub_freed_heap()
+assert process.scrub_freed_heap()
 p = libc.malloc(100); ctypes.memset(p, ord("S"), 100); libc.free(p)
 q = libc.malloc(100); data = ctypes.string_at(q, 100); libc.free(q)
 print(data.count(b"S") > 0)
@@ -360,7 +360,7 @@ print(data.count(b"S") > 0)
 def test_heap_scrubbing_misses_small_chunks_unless_tcache_is_off(tmp_path: Path) -> None:
     """A known limit, pinned both ways: glibc's per-thread cache (chunks up to ~1 KB, the size of
     most memory texts) bypasses ``M_PERTURB``, so a freed short text survives in the heap unless
-    the process starts with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the remedy the README
+    the process starts with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` (the remedy docs/lifecycle.md
     gives). If this starts failing, the scrub got stronger or the remedy stopped working."""
     survives = {}
     for tunables in ("", "glibc.malloc.tcache_count=0"):

@@ -7,6 +7,7 @@
 - :mod:`~hybridmem.chroma.placement` — which collection a user's records live in.
 - :mod:`~hybridmem.chroma.repair` — checking and repairing an embedded Chroma directory.
 - :mod:`~hybridmem.chroma.reembed` — moving a user's collections to another embedder, resumably.
+- :mod:`~hybridmem.chroma.purge` — making erasure physical in embedded Chroma's files.
 
 Imports the ground floor and ``runtime`` only.
 """

@@ -25,11 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
-import ctypes
 import re
-import shutil
-import sqlite3
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 from urllib.parse import urlparse
 
+from hybridmem.runtime import process
 from hybridmem.runtime.files import user_key
 from hybridmem.errors import ConfigError, HybridMemError, StorageError
 
@@ -46,6 +43,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
 
 __all__ = [
+    "CHROMA_FILE_SHARE",
     "FILES_PER_INDEX",
     "EMBEDDED_SYNC_THRESHOLD",
     "HNSW_SYNC_THRESHOLD",
@@ -64,9 +62,6 @@ __all__ = [
     "is_not_found",
     "make_client",
     "open_collection",
-    "purge_embedded",
-    "release_freed_heap",
-    "scrub_freed_heap",
     "sync_threshold",
 ]
 
@@ -74,54 +69,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 #: What a collection's own metadata may hold (Chroma's collection metadata is flat scalars).
 CollectionMeta = Mapping[str, Union[str, int, float, bool]]
-#: glibc's mallopt parameter and the byte freed memory is overwritten with.
-M_PERTURB = -6
-PERTURB_BYTE = 0x5A
-
-
-def scrub_freed_heap() -> bool:
-    """Ask glibc to overwrite freed heap memory and fill new allocations (``M_PERTURB``).
-
-    Why: embedded Chroma's HNSW index persists its whole preallocated capacity, uninitialised, to
-    ``data_level0.bin`` / ``length.bin``. Those bytes can hold freed heap — including the text of a
-    user who was just forgotten — so erasure could leave a copy inside *another* user's index file
-    (seen about once in 25 runs). With ``M_PERTURB`` freed chunks are overwritten — except those
-    glibc's per-thread cache (tcache) keeps, chunks up to ~1 KB (measured: 84 of 100 bytes survived
-    a free and malloc on glibc 2.36); start the process with
-    ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` to cover those too. It is process-wide and
-    costs a memset per malloc/free; ``Settings(scrub_heap=False)`` turns it off. Returns False
-    where it is not available (not Linux/glibc).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_PERTURB, PERTURB_BYTE))
-    except (OSError, AttributeError):
-        return False
-
-
-def release_freed_heap() -> bool:
-    """Give the heap glibc holds free back to the system (``malloc_trim(0)``); False where
-    there is no glibc.
-
-    Why: when a client is replaced (:meth:`CollectionHandles.run`, every ``max_open`` opened
-    collections) embedded Chroma frees the HNSW indexes it had loaded (~2 MB each for a small
-    user, their preallocated capacity), but glibc kept those pages instead of returning them,
-    and the next client did not reuse them all. So RSS grew by about the index cache at each
-    replacement: measured on raw Chroma, 128 one-record collections per client, 367 MB after
-    100 collections and 1,133 MB after 800; with this call after each replacement it stays
-    between 150 and 420 MB (the cache filling and emptying).
-    One call took 16 ms after 128 indexes were freed; it runs once per ``max_open`` users."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
 #: The share of the process's file descriptors embedded Chroma may keep open for its HNSW indexes.
 CHROMA_FILE_SHARE = 0.25
 
@@ -129,54 +76,6 @@ CHROMA_FILE_SHARE = 0.25
 #: Open files one HNSW index holds in embedded Chroma's cache (4 data files, 1 metadata file):
 #: Chroma caches ``RLIMIT_NOFILE // FILES_PER_INDEX`` indexes, each loaded in RAM.
 FILES_PER_INDEX = 5
-
-
-@contextmanager
-def _file_budget(share: float, cap: int | None = None) -> Iterator[None]:
-    """Let embedded Chroma see only ``share`` of the open-file limit (and at most ``cap`` files)
-    while it starts.
-
-    Why: Chroma sizes its HNSW file cache (4 open files per collection) from ``RLIMIT_NOFILE`` at
-    client creation, as if the whole process were its own, so with one collection per user the
-    process ran out of descriptors (seen at ~200 users under ``ulimit -n 1024``). The soft limit is
-    lowered for the duration of the constructor only and restored at once. ``cap`` also bounds
-    its RAM: every cached index is loaded in memory, so under ``ulimit -n 20000`` Chroma kept up to
-    1,000 users' indexes and RSS grew with every user searched (1.5 GB at 1k users, 2.2 GB at 2k)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft < 64:
-        yield
-        return
-    lowered = int(soft * share) if cap is None else min(int(soft * share), cap)
-    # never below what is open already (plus room), or the constructor's own opens fail
-    lowered = min(soft, max(64, lowered, _open_descriptors() + 64))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def _open_descriptors() -> int:
-    """How many files this process has open (0 where /proc is not there to tell)."""
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return 0
-
-
-def file_limit() -> int | None:
-    """The process's soft open-file limit (None when unlimited or unknown)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def make_client(
@@ -207,7 +106,7 @@ def make_client(
         if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         cap = None if max_indexes is None else max_indexes * FILES_PER_INDEX
-        with _file_budget(CHROMA_FILE_SHARE, cap):
+        with process.file_budget(CHROMA_FILE_SHARE, cap):
             return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
     except Exception as exc:
         where = f"the Chroma server at {url}" if url is not None else f"the Chroma store at {path}"
@@ -488,7 +387,7 @@ class CollectionHandles:
             return
         self._cache.clear()
         close_client(self.client)
-        release_freed_heap()  # the old client's indexes, else kept by glibc (see there)
+        process.release_freed_heap()  # the old client's indexes, else kept by glibc (see there)
         self.client = self._reopen()
         self._opened = 0
 
@@ -536,75 +435,3 @@ class CollectionHandles:
         """A :class:`StorageError` naming the operation and the user, with the hint."""
         hint = f"; {self._hint}" if self._hint else ""
         return StorageError(f"could not {what} of {user_id!r}: {exc}{hint}")
-
-
-# -- physical erasure in embedded Chroma's SQLite file --------------------------------------------
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def purge_embedded(path: Path) -> None:
-    """Make deletions and replaced texts physical in the embedded Chroma store at ``path``.
-
-    Where embedded Chroma keeps a deleted or overwritten document, and what is done about it:
-
-    1. its write-ahead log (``embeddings_queue``) keeps every write's document and metadata until
-       the vector index persists (every ~1000 writes); once the metadata segment has applied a
-       write, the log is kept only so the vector index can replay the vector, so the document
-       and metadata of applied writes are blanked to ``{}`` (what Chroma itself writes for a
-       record without them);
-    2. its trigram full-text index keeps postings of deleted documents until its segments merge:
-       ``optimize`` merges them;
-    3. SQLite keeps deleted rows in free pages and in the free space of pages (Chroma's connection
-       does not use ``secure_delete``): VACUUM rewrites the file without them;
-    4. segment folders no collection uses any more are removed.
-    """
-    db = path / "chroma.sqlite3"
-    if not db.exists():
-        return
-    try:
-        conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
-        try:
-            conn.execute("PRAGMA secure_delete=ON")
-            live = {row[0] for row in conn.execute("SELECT id FROM segments")}
-            _blank_applied_log(conn)
-            _optimize_fulltext(conn)
-            conn.execute("VACUUM")
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        raise StorageError(f"could not compact {db}: {exc}") from exc
-    for child in path.iterdir():
-        if child.is_dir() and _UUID.match(child.name) and child.name not in live:
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def _blank_applied_log(conn: sqlite3.Connection) -> None:
-    """Blank documents and metadata in Chroma's log for writes its metadata segment has applied
-    (their vectors stay: the vector index replays them from the log until it persists)."""
-    applied = conn.execute(
-        "SELECT s.collection, m.seq_id FROM segments s JOIN max_seq_id m ON m.segment_id = s.id "
-        "WHERE s.scope = 'METADATA'"
-    ).fetchall()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for collection, seq_id in applied:
-            if not isinstance(seq_id, int):  # an older Chroma stored bytes: leave the log alone
-                continue
-            conn.execute(
-                "UPDATE embeddings_queue SET metadata = '{}' WHERE seq_id <= ? AND topic LIKE ? "
-                "AND metadata IS NOT NULL AND metadata != '{}'",
-                (seq_id, f"%/{collection}"),
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _optimize_fulltext(conn: sqlite3.Connection) -> None:
-    """Merge the segments of Chroma's full-text index, dropping postings of deleted documents."""
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'embedding_fulltext_search'").fetchone()
-    if exists:
-        conn.execute("INSERT INTO embedding_fulltext_search(embedding_fulltext_search) "
-                     "VALUES ('optimize')")

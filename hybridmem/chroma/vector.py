@@ -43,9 +43,11 @@ import numpy as np
 from hybridmem.chroma import client as _chroma
 from hybridmem.chroma import placement as place
 from hybridmem.runtime.locks import UserLocks
+from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
+from hybridmem.chroma.purge import purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, UserRecords
 from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
@@ -94,7 +96,7 @@ class ChromaVectorStore:
         reembed: Callable[[Sequence[str]], builtins.list[builtins.list[float]]] | None = None,
     ) -> None:
         if scrub_heap and url is None:
-            _chroma.scrub_freed_heap()
+            scrub_freed_heap()
         indexes = 2 * max_open  # each open user's main and archive collections
         client = _chroma.make_client(path=path, url=url, max_indexes=indexes)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
@@ -596,14 +598,14 @@ class ChromaVectorStore:
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
         """Make deletions and replaced texts physical in embedded mode (what and why:
-        :func:`hybridmem.chroma.client.purge_embedded`); a Chroma server manages its own files, so there
+        :func:`hybridmem.chroma.purge.purge_embedded`); a Chroma server manages its own files, so there
         this does nothing (its operator must compact them). Cost: a rewrite of Chroma's SQLite
         file, ~proportional to its size (see docs/lifecycle.md)."""
         self._live()
         if self._path is None:
             return
         with self._lock:
-            _chroma.purge_embedded(self._path)
+            purge_embedded(self._path)
 
     def close(self) -> None:
         """Forget cached handles and release the client; idempotent."""
