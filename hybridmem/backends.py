@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hybridmem.runtime.process import file_limit
 from hybridmem.runtime.locks import DataDirLock
 from hybridmem.config import Settings
-from hybridmem.errors import EmbedderError, HybridMemError
+from hybridmem.errors import ConfigError, EmbedderError, HybridMemError
 from hybridmem.stores import Stores
 from hybridmem.protocols import (
     ChatModel,
@@ -317,6 +317,10 @@ def assemble(
     from hybridmem.write.plan import UsageMeter
     from hybridmem.write.writer import Writer
 
+    if extractor is not None and not isinstance(extractor, Extractor):  # checked before opening
+        raise ConfigError(
+            f"{type(extractor).__name__} is not an Extractor: it needs name, offline (True when "
+            "extract() calls no model) and extract(text, *, speaker=None)")
     s = settings
     s.data_dir.mkdir(parents=True, exist_ok=True)
     owned: list[Closeable] = []

@@ -408,6 +408,8 @@ class LLMExtractor:
     """Entities and relations by asking a chat model for JSON: one call per text (or per batch),
     one retry when the reply is not JSON of the right shape, then :class:`BackendError`."""
 
+    offline = False
+
     def __init__(self, chat: ChatModel) -> None:
         self.chat = chat
         self.name = f"llm:{chat.model}"

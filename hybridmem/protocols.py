@@ -63,6 +63,9 @@ class Extractor(Protocol):
     """Finds entities and relations in a text. Never touches storage."""
 
     name: str
+    #: True when :meth:`extract` calls no model: free, deterministic, never fails on an endpoint.
+    #: The writer then runs it even with ``infer=False`` and never re-extracts what it found.
+    offline: bool
 
     def extract(self, text: str, *, speaker: str | None = None) -> Extraction:
         """Entities and relations of ``text``; ``speaker`` is the subject of first-person statements."""

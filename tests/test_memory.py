@@ -225,15 +225,15 @@ def test_reads_by_id_do_not_start_loading_the_record_cache(
         vectors = mem._stores.vectors  # white-box: the cache the read path may load
         if vectors._records is None:  # type: ignore[attr-defined]
             pytest.skip("a Chroma server is shared: no record cache")
-        assert not vectors._loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
+        assert not vectors._loading.loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
         mem.search("u", "Lyon")  # a second search is a second miss: now it loads
-        for loader in list(vectors._loaders.values()):  # type: ignore[attr-defined]
+        for loader in list(vectors._loading.loaders.values()):  # type: ignore[attr-defined]
             loader.join()
         assert vectors._records.get("u") is not None  # type: ignore[attr-defined]
     with Memory(settings, embedder=embedder) as mem:  # `hybridmem stats`: a list and a count
         assert mem.stats("u").memories == 2
         vectors = mem._stores.vectors
-        assert not vectors._loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
+        assert not vectors._loading.loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
 
 
 def _search_thrice_then_due(mem: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,3 +317,19 @@ def test_a_slow_count_write_puts_off_the_next_one_under_load(
         time.sleep(0.1)
     assert [mem.get("u", i.id).access_count for i in items] == [3, 3]
     assert time.monotonic() - started >= 2.9
+
+
+def test_an_extractor_without_its_declared_attributes_is_refused(settings: Settings) -> None:
+    """The writer decides from ``Extractor.offline`` whether extraction calls a model, so an
+    extractor that does not declare it is refused when the Memory is built, not mid-write."""
+    from hybridmem import ConfigError, Extraction
+    from hybridmem.offline import HashEmbedder
+
+    class Undeclared:
+        name = "mine"
+
+        def extract(self, text: str, *, speaker: str | None = None) -> Extraction:
+            return Extraction()
+
+    with pytest.raises(ConfigError, match="offline"):
+        Memory(settings, embedder=HashEmbedder(), extractor=Undeclared())  # type: ignore[arg-type]

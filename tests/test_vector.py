@@ -397,5 +397,5 @@ def test_a_store_closed_while_it_loads_records_in_the_background_warns_nothing(
         time.sleep(0.001)
     release.set()
     closer.join(30)
-    assert not closer.is_alive() and not store._loaders  # type: ignore[attr-defined]
+    assert not closer.is_alive() and not store._loading.loaders  # type: ignore[attr-defined]
     assert [r.message for r in caplog.records if r.levelno >= 30] == []

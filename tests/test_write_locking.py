@@ -16,6 +16,7 @@ import pytest
 from openai_wire import OpenAIWireServer, Reply
 
 from hybridmem import AsyncMemory, Memory, MemoryItem, Settings
+from hybridmem.models import to_request
 from hybridmem.offline import LocalEmbedder
 
 HANG = 120.0  # far beyond anything the test waits for: it ends when the server is reset
@@ -109,8 +110,6 @@ def test_prepared_answers_are_reused_and_missing_ones_fetched(
     with Memory(make_settings(extractor="rules"), embedder=embedder) as mem:
         writer: Any = mem._writer
         stored = mem.add(unique_user, "Ben works at Acme")
-        from hybridmem.models import to_request
-
         prepared = writer.prepare(unique_user, [to_request("Ben works at Acme")], infer=True)
         assert prepared.vectors == {}  # an exact duplicate needs no vector
         mem.forget(unique_user, stored.id)  # ... until it is gone
@@ -118,4 +117,24 @@ def test_prepared_answers_are_reused_and_missing_ones_fetched(
         assert mem.count(unique_user) == 0
         (item,) = writer.write(unique_user, [to_request("Ben works at Acme")], infer=True)
         assert item.id != stored.id and mem.count(unique_user) == 1
+        assert [str(r) for r in mem.relations(unique_user)] == ["Ben -works_at-> Acme"]
+
+
+def test_the_last_attempt_calls_no_chat_model_and_marks_what_it_lacks(
+    openai_server: OpenAIWireServer, make_settings: Callable[..., Settings],
+    embedder: LocalEmbedder, unique_user: str,
+) -> None:
+    """White-box: commit (the last attempt, under the lock) makes do with what prepare gathered.
+    A text that became fresh meanwhile is embedded and extracted by the rules, and marked for
+    re-extraction; the LLM endpoint hears nothing."""
+    with Memory(_llm_settings(make_settings, openai_server), embedder=embedder) as mem:
+        writer: Any = mem._writer
+        stored = mem.add(unique_user, "Ben works at Acme", infer=False)
+        prepared = writer.prepare(unique_user, [to_request("Ben works at Acme")], infer=True)
+        assert prepared.vectors == {} and prepared.found == {}  # a duplicate needs no answer
+        mem.forget(unique_user, stored.id)
+        with writer.locks(unique_user):
+            (item,) = writer.commit(prepared)
+        assert openai_server.requests == []
+        assert item.id != stored.id and item.extractor == "rules" and item.needs_extraction
         assert [str(r) for r in mem.relations(unique_user)] == ["Ben -works_at-> Acme"]

@@ -23,16 +23,21 @@ A few fields are indexed (:data:`INDEXED`), so a filter that pins one of them by
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridmem.errors import ClosedError
 from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
 
-__all__ = ["INDEXED", "RecordCache", "UserRecords"]
+__all__ = ["INDEXED", "RecordCache", "RecordLoading", "UserRecords"]
+
+log = logging.getLogger(__name__)
 
 #: Metadata fields indexed by value: those the library's own filters pin by equality.
 INDEXED = ("current", "kind", "has_key", "text_hash", "key")
@@ -171,3 +176,79 @@ class RecordCache:
     def clear(self) -> None:
         with self._guard:
             self._users.clear()
+
+
+class RecordLoading:
+    """When a user's records enter the cache: at the user's second miss, in a background thread
+    (or at once with ``background=False``), never while another writer shares the files.
+
+    Why the second miss: a one-shot CLI search, or reads by id (``load=False``), should not pay
+    for loading every record of the user. The load holds the user's write lock (``hold``), so
+    writes wait for it and none is missed. ``load(user_id)`` reads the user's records from the
+    store; ``exclusive()`` says whether this process still is the only writer (else the cache is
+    dropped and the store reads Chroma).
+    """
+
+    def __init__(
+        self,
+        records: RecordCache,
+        *,
+        load: Callable[[str], UserRecords],
+        hold: Callable[[str], AbstractContextManager[object]],
+        background: bool = True,
+        exclusive: Callable[[], bool] | None = None,
+    ) -> None:
+        self.records = records
+        self._load, self._hold = load, hold
+        self._background = background
+        self._exclusive = exclusive
+        self._misses: dict[str, int] = {}
+        #: user -> the thread loading the user's records
+        self.loaders: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self, user_id: str, *, load: bool = True) -> UserRecords | None:
+        """The user's records in memory, or None (not loaded yet: read the store)."""
+        if self._exclusive is not None and not self._exclusive():
+            self.records.clear()
+            return None
+        records = self.records.get(user_id)
+        if records is not None or not self._background:
+            return records if records is not None else self._load_now(user_id)
+        with self._lock:
+            self._misses[user_id] = misses = self._misses.get(user_id, 0) + load
+            if misses < 2 or user_id in self.loaders:
+                return None
+            loader = self.loaders[user_id] = threading.Thread(
+                target=self._load_now, args=(user_id,), name="hybridmem-records", daemon=True)
+        loader.start()
+        return None
+
+    def _load_now(self, user_id: str) -> UserRecords | None:
+        try:
+            with self._hold(user_id):
+                records = self.records.get(user_id)
+                if records is None and not self._closed:
+                    records = self._load(user_id)
+                    self.records.put(user_id, records)
+                return records
+        except Exception as exc:
+            if not self._background:
+                raise
+            if not isinstance(exc, ClosedError):  # closed meanwhile: nobody waits for them
+                log.warning("loading the records of a user failed (%s); reading Chroma", exc)
+            return None
+        finally:
+            with self._lock:
+                self.loaders.pop(user_id, None)
+                self._misses.pop(user_id, None)
+
+    def close(self) -> None:
+        """Let loads in flight finish (they use the store's client), then forget every record."""
+        with self._lock:
+            self._closed = True
+            loaders = list(self.loaders.values())
+        for loader in loaders:
+            loader.join()
+        self.records.clear()

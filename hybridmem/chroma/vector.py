@@ -48,7 +48,7 @@ from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
 from hybridmem.chroma.purge import purge_embedded
-from hybridmem.chroma.record_cache import RecordCache, UserRecords
+from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
@@ -108,12 +108,13 @@ class ChromaVectorStore:
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name
         self._dimension = dimension
-        self._records = RecordCache(max_open) if cache_records else None
-        self._background_load = background_load
-        self._exclusive = exclusive  # False while another writer shares the files: no cache
-        self._misses: dict[str, int] = {}
-        self._loaders: dict[str, threading.Thread] = {}
         self._user_lock = UserLocks()  # a user's writes and the loading of its records
+        self._records = RecordCache(max_open) if cache_records else None
+        #: when a user's records are loaded (``exclusive`` False while another writer shares
+        #: the files: no cache)
+        self._loading = None if self._records is None else RecordLoading(
+            self._records, load=self._load, hold=self._user_lock.hold,
+            background=background_load, exclusive=exclusive)
         self._lock = threading.Lock()
         self._closed = False
         self._vetting = None if path is None else Vetting(  # torn indexes: see _chromarepair
@@ -191,48 +192,12 @@ class ChromaVectorStore:
 
     # -- the record cache ------------------------------------------------------------------------
     def _cached(self, user_id: str, *, load: bool = True) -> UserRecords | None:
-        """The user's records in memory, or None (no cache, or not loaded yet: read Chroma).
-
-        Loaded at the user's second miss (reads by id, ``load=False``, are none: a one-shot CLI
-        search never pays for a load), in a background thread unless ``background_load`` is off;
-        the load holds the user's lock, so writes wait for it and none is missed."""
-        if self._records is None:
+        """The user's records in memory, or None (no cache, or not loaded yet: read Chroma);
+        see :class:`~hybridmem.chroma.record_cache.RecordLoading` for when they are loaded."""
+        if self._loading is None:
             return None
         self._live()
-        if self._exclusive is not None and not self._exclusive():
-            self._records.clear()
-            return None
-        records = self._records.get(user_id)
-        if records is not None or not self._background_load:
-            return records if records is not None else self._load_now(user_id)
-        with self._lock:
-            self._misses[user_id] = misses = self._misses.get(user_id, 0) + load
-            if misses < 2 or user_id in self._loaders:
-                return None
-            loader = self._loaders[user_id] = threading.Thread(
-                target=self._load_now, args=(user_id,), name="hybridmem-records", daemon=True)
-        loader.start()
-        return None
-
-    def _load_now(self, user_id: str) -> UserRecords | None:
-        assert self._records is not None
-        try:
-            with self._user_lock.hold(user_id):
-                records = self._records.get(user_id)
-                if records is None and not self._closed:
-                    records = self._load(user_id)
-                    self._records.put(user_id, records)
-                return records
-        except Exception as exc:
-            if not self._background_load:
-                raise
-            if not isinstance(exc, ClosedError):  # closed meanwhile: nobody waits for them
-                log.warning("loading the records of a user failed (%s); reading Chroma", exc)
-            return None
-        finally:
-            with self._lock:
-                self._loaders.pop(user_id, None)
-                self._misses.pop(user_id, None)
+        return self._loading.get(user_id, load=load)
 
     def _load(self, user_id: str) -> UserRecords:
         """Every record of both collections (a copy an interrupted move left twice is resolved
@@ -613,11 +578,8 @@ class ChromaVectorStore:
             if self._closed:
                 return
             self._closed = True
-            loaders = builtins.list(self._loaders.values())
-        for loader in loaders:  # a load in flight uses the client: let it finish first
-            loader.join()
+        if self._loading is not None:  # a load in flight uses the client: let it finish first
+            self._loading.close()
         with self._lock:
-            if self._records is not None:
-                self._records.clear()
             self._handles.clear()
             _chroma.close_client(self._handles.client)

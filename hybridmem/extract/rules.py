@@ -419,6 +419,7 @@ class RuleExtractor:
     """
 
     name = "rules"
+    offline = True
 
     def __init__(self, *, concepts: bool = True, speakers: bool = True) -> None:
         #: Also emit topic phrases ("pottery class") as ``concept`` entities (see :func:`concepts`).

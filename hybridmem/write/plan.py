@@ -1,13 +1,14 @@
 """The write path's values: a :class:`WritePlan` (what one batch changes), the model answers a
-write gathers before it takes the user's lock (:class:`Prepared`), and the usage meter. No I/O:
-:mod:`hybridmem.write.writer` makes the calls and applies the plans."""
+write gathers before it takes the user's lock (:class:`Prepared`), what planning does about an
+answer it lacks (:class:`OnMissing`), and the usage meter. No I/O: :mod:`hybridmem.write.writer`
+makes the calls and applies the plans."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from enum import Enum
 
 from hybridmem.write import policy
 from hybridmem.models import (
@@ -20,7 +21,8 @@ from hybridmem.models import (
     utcnow,
 )
 
-__all__ = ["Found", "Key", "Mode", "Prepared", "UsageMeter", "WritePlan", "new_item", "speaker"]
+__all__ = ["Found", "Key", "OnMissing", "Prepared", "UsageMeter", "WritePlan", "new_item",
+           "speaker"]
 
 
 class UsageMeter:
@@ -134,9 +136,28 @@ class WritePlan:
 
 
 Key = tuple[str, str]  # (text, speaker): what an extraction depends on
-#: How a plan treats a missing model answer: "fill" asks the model, "check" gives up, "final"
-#: makes do without (see :mod:`hybridmem.write.writer`).
-Mode = Literal["fill", "check", "final"]
+
+
+class OnMissing(Enum):
+    """What planning does when it needs a model answer (a vector, an extraction, the judge's
+    verdict) that its :class:`Prepared` does not hold. A plan calls a chat model (the extractor,
+    the judge) only under ``CALL``, and the embedder only under ``CALL`` and ``MAKE_DO``.
+    :meth:`~hybridmem.write.writer.Writer.write` plans with ``CALL`` outside the user's lock,
+    with ``GIVE_UP`` under it, and with ``MAKE_DO`` on its last attempt."""
+
+    CALL = "call"
+    """Call the embedder, the extractor or the judge, and keep the answer in the
+    :class:`Prepared`; new graph node names are embedded too. For planning without the lock."""
+
+    GIVE_UP = "give_up"
+    """Call nothing: planning stops and nothing is written, so the caller can release the lock,
+    gather the missing answers with ``CALL``, and plan again."""
+
+    MAKE_DO = "make_do"
+    """Call no chat model: a pair the judge was not asked about keeps both memories; a text is
+    extracted offline (an extractor that calls a model gives way to the rules) and marked
+    ``needs_extraction`` when a model should have run. A missing vector is still embedded: no
+    memory is stored without one."""
 
 
 @dataclass

@@ -19,12 +19,25 @@ only the plan's own methods change it. The rules themselves are pure and live in
 **Model calls run outside the user's lock.** :meth:`Writer.write` plans once without the lock
 (:meth:`Writer.prepare`), calling the embedder, the extractor and the judge for what that plan
 needs, and keeps their answers in a :class:`Prepared` keyed by text. Under the lock it plans again
-from what the stores hold *now* (:meth:`Writer.commit`): a memory another write merged, changed or
-superseded meanwhile is simply seen as it is. If the new plan needs an answer the first did not
+from what the stores hold *now* (:meth:`Writer.try_commit`): a memory another write merged, changed
+or superseded meanwhile is simply seen as it is. If the new plan needs an answer the first did not
 ask for (a text now fresh that was a duplicate before, a new pair in the judge's band), the lock is
-released, the missing calls made, and it plans again; the last attempt makes do without (the
-judge keeps both; the rules extract and the memory stays marked ``needs_extraction``). A slow or
-hanging endpoint therefore delays only its own call, never another add or a search of the user.
+released, the missing calls made, and it plans again; the last attempt (:meth:`Writer.commit`)
+makes do without (the judge keeps both; the rules extract and the memory stays marked
+``needs_extraction``). A slow or hanging endpoint therefore delays only its own call, never another
+add or a search of the user.
+
+Each plan is made with one :class:`~hybridmem.write.plan.OnMissing`, which alone says what it does
+about an answer the :class:`Prepared` lacks:
+
+- ``CALL`` (:meth:`Writer.prepare`, without the lock): make the call and keep the answer;
+- ``GIVE_UP`` (:meth:`Writer.try_commit`, under the lock): call nothing, write nothing, return None;
+- ``MAKE_DO`` (:meth:`Writer.commit`, under the lock): call no chat model, proceed without the
+  answer (a missing vector is still embedded).
+
+Whether an extractor calls a model is its declared :attr:`~hybridmem.protocols.Extractor.offline`:
+an offline one (the rules) runs even with ``infer=False`` and extracts first, so new node names
+join the texts' embedding call; its memories are never re-extracted.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from hybridmem.filters import Condition, all_of, eq
 from hybridmem.write.plan import (
     Found,
     Key,
-    Mode,
+    OnMissing,
     Prepared,
     UsageMeter,
     WritePlan,
@@ -55,7 +68,7 @@ from hybridmem.write.plan import (
 )
 from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
 from hybridmem.graph.name_vectors import NameVectors
-from hybridmem.protocols import BatchExtractor, ChatModel, Extractor
+from hybridmem.protocols import BatchExtractor, ChatModel, Extractor, VectorHit
 from hybridmem.text import text_hash
 
 __all__ = ["EXTRACT_BATCH", "PLAN_ATTEMPTS", "Found", "Prepared", "UsageMeter", "WritePlan",
@@ -67,6 +80,11 @@ EXTRACT_BATCH = 16
 #: Plans under the lock before one makes do with the model answers it has (see the docstring).
 PLAN_ATTEMPTS = 3
 Embed = Callable[[Sequence[str]], list[list[float]]]
+
+
+class _Unanswered(Exception):
+    """Planning under :attr:`OnMissing.GIVE_UP` needs a model answer the Prepared lacks: the
+    plan stops before anything is written (caught by :meth:`Writer.try_commit` alone)."""
 
 
 class Writer:
@@ -140,27 +158,26 @@ class Writer:
 
     def _fill(self, prepared: Prepared) -> None:
         prepared.epoch = self.locks.epoch(prepared.user_id)  # before the reads it vouches for
-        prepared.planned = self._plan(prepared, "fill")
+        prepared.planned = self._plan(prepared, OnMissing.CALL)
 
     def commit(self, prepared: Prepared) -> list[MemoryItem]:
         """Plan again from the stores as they are now and apply it (the caller holds the lock);
-        a model answer ``prepared`` lacks is done without (see the module docstring)."""
-        stored = self._commit(prepared, "final")
-        if stored is None:  # pragma: no cover - a "final" plan never lacks anything
-            raise RuntimeError("a final write plan came back incomplete")
-        return stored
+        a model answer ``prepared`` lacks is done without (:attr:`OnMissing.MAKE_DO`)."""
+        return self._commit(prepared, OnMissing.MAKE_DO)
 
     def try_commit(self, prepared: Prepared) -> list[MemoryItem] | None:
         """Like :meth:`commit`, but None (nothing written) when the plan needs a model answer
-        ``prepared`` lacks: release the lock, :meth:`prepare` again, retry."""
-        return self._commit(prepared, "check")
+        ``prepared`` lacks (:attr:`OnMissing.GIVE_UP`): release the lock, :meth:`prepare` again,
+        retry."""
+        try:
+            return self._commit(prepared, OnMissing.GIVE_UP)
+        except _Unanswered:
+            return None
 
-    def _commit(self, prepared: Prepared, mode: Mode) -> list[MemoryItem] | None:
+    def _commit(self, prepared: Prepared, on_missing: OnMissing) -> list[MemoryItem]:
         planned, prepared.planned = prepared.planned, None
         if planned is None or prepared.epoch != self.locks.epoch(prepared.user_id):
-            planned = self._plan(prepared, mode)  # something was written since: plan again
-        if planned is None:
-            return None
+            planned = self._plan(prepared, on_missing)  # something was written since: plan again
         plan, order = planned
         self.apply(prepared.user_id, plan, cause=prepared.cause)
         if plan.fresh:
@@ -171,8 +188,8 @@ class Writer:
         """The vector and extraction of a caller's new text for :meth:`update`, made before the
         lock is taken."""
         prepared = Prepared(user_id=user_id, requests=[], infer=True, cause="update")
-        self._vectors_for(prepared, [text], "fill")
-        self._found_for(prepared, [(text, speaker(user_id, source))], "fill")
+        self._vectors_for(prepared, [text], OnMissing.CALL)
+        self._found_for(prepared, [(text, speaker(user_id, source))], OnMissing.CALL)
         return prepared
 
     def update(self, user_id: str, old: MemoryItem, new: MemoryItem,
@@ -183,11 +200,10 @@ class Writer:
         event = HistoryEvent(memory_id=new.id, action="update", cause="updated by the caller")
         if new.text != old.text:
             p = prepared or Prepared(user_id=user_id, requests=[], infer=True, cause="update")
-            mode: Mode = "fill" if prepared is None else "final"
-            self._vectors_for(p, [new.text], "fill")  # only without prepare_text's vector
+            self._vectors_for(p, [new.text], OnMissing.CALL)  # only without prepare_text's vector
             plan.erase = True
             plan.rewrite(new, p.vectors[new.text], event)
-            self._extract_into(p, plan, mode)
+            self._extract_into(p, plan, OnMissing.CALL if prepared is None else OnMissing.MAKE_DO)
         else:
             plan.touch(new, event)
         self.apply(user_id, plan, cause="update")
@@ -314,10 +330,9 @@ class Writer:
             journal.finish(self._settings.data_dir, user_id)
 
     # -- planning ----------------------------------------------------------------------------------
-    def _plan(self, p: Prepared, mode: Mode) -> tuple[WritePlan, list[str]] | None:
-        """The batch's plan from the stores as they are. ``mode``: "fill" makes the model calls
-        the plan needs (and records them in ``p``), "check" returns None when one is missing,
-        "final" makes do without (see the module docstring)."""
+    def _plan(self, p: Prepared, on_missing: OnMissing) -> tuple[WritePlan, list[str]]:
+        """The batch's plan from the stores as they are, and the memory id of each request; a
+        model answer ``p`` lacks is handled as ``on_missing`` says (:class:`OnMissing`)."""
         user_id, now = p.user_id, p.now
         plan = WritePlan()
         dedup = self._settings.dedup
@@ -343,36 +358,36 @@ class Writer:
             by_hash[h] = item.id
             order.append(item.id)
         if plan.fresh:
-            names = self._names_first(p, plan) if mode == "fill" else []
-            if not self._vectors_for(p, [plan.items[i].text for i in plan.fresh] + names, mode):
-                return None
+            calls = on_missing is OnMissing.CALL
+            names = self._names_first(p, plan) if calls else []
+            self._vectors_for(p, [plan.items[i].text for i in plan.fresh] + names, on_missing)
             if self._names is not None:  # new node names share the texts' embedding call
                 self._names.offer(user_id, names, [p.vectors[n] for n in names])
             plan.vectors.update((i, p.vectors[plan.items[i].text]) for i in plan.fresh)
-            if dedup and not self._merge_near_duplicates(p, plan, mode):
-                return None
-            if not self._extract_into(p, plan, mode):
-                return None
-            if mode == "fill" and self._names is not None:  # an LLM's names, or a fresh plan's
+            if dedup:
+                self._merge_near_duplicates(p, plan, on_missing)
+            self._extract_into(p, plan, on_missing)
+            if calls and self._names is not None:  # an LLM's names, or a fresh plan's
                 self._names.prefetch(user_id, plan.extractions.values())
         return plan, order
 
     def _names_first(self, p: Prepared, plan: WritePlan) -> list[str]:
-        """Rules (cheap) extract first: new node names join the texts' embedding call."""
-        if self._names is None or not (self._extractor and self._extractor.name.startswith("rules")):
+        """An offline extractor (cheap) extracts first: new node names join the texts' embedding
+        call."""
+        if self._names is None or self._extractor is None or not self._extractor.offline:
             return []
         keys = [(plan.items[i].text, speaker(p.user_id, plan.items[i].source)) for i in plan.fresh]
-        self._found_for(p, keys, "fill")
+        self._found_for(p, keys, OnMissing.CALL)
         return self._names.wanted(p.user_id, [p.found[k].extraction for k in keys])
 
-    def _vectors_for(self, p: Prepared, texts: Sequence[str], mode: Mode) -> bool:
-        """Embed the texts ``p`` has no vector for (False instead when ``mode`` is "check")."""
-        missing = [t for t in dict.fromkeys(texts) if t not in p.vectors]
-        if missing:
-            if mode == "check":
-                return False
-            p.vectors.update(zip(missing, self._embed(missing)))
-        return True
+    def _vectors_for(self, p: Prepared, texts: Sequence[str], on_missing: OnMissing) -> None:
+        """Embed the texts ``p`` has no vector for (under ``MAKE_DO`` too: no memory is stored
+        without its vector)."""
+        lacking = [t for t in dict.fromkeys(texts) if t not in p.vectors]
+        if lacking:
+            if on_missing is OnMissing.GIVE_UP:
+                raise _Unanswered
+            p.vectors.update(zip(lacking, self._embed(lacking)))
 
     def _existing_by_hash(self, user_id: str, texts: Sequence[str]) -> dict[str, MemoryItem]:
         hashes = tuple(sorted({text_hash(t) for t in texts}))
@@ -384,54 +399,71 @@ class Writer:
         )
         return {text_hash(i.text): i for i in self._stores.vectors.list(user_id, where=where)}
 
-    def _merge_near_duplicates(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
-        """Merge fresh facts into near-identical current facts (stored or earlier in the batch);
-        False when ``mode`` is "check" and the judge was not yet asked about a pair."""
-        s, user_id, now = self._settings, p.user_id, p.now
+    def _merge_near_duplicates(self, p: Prepared, plan: WritePlan, on_missing: OnMissing) -> None:
+        """Merge each fresh fact into the current fact it repeats: a stored one (among its three
+        nearest, see :meth:`_stored_repeated`) or else an earlier fact of the batch (among its
+        three nearest, by the rules alone)."""
         facts = [i for i in plan.fresh if plan.items[i].kind == "fact"]
         if not facts:
-            return True
+            return
         stored = self._stores.vectors.query(
-            user_id, [plan.vectors[i] for i in facts], limit=3,
+            p.user_id, [plan.vectors[i] for i in facts], limit=3,
             where=all_of(eq("current", True), eq("kind", "fact")),
         )
         seen: list[int] = []  # positions in ``facts`` of the batch's distinct facts
         matrix = np.asarray([plan.vectors[i] for i in facts], dtype=np.float32)
         for position, (memory_id, hits) in enumerate(zip(facts, stored)):
             item = plan.items[memory_id]
-            best: tuple[float, MemoryItem] | None = None
-            for hit in hits:
-                other = plan.items.get(hit.item.id) or hit.item
-                if policy.near_duplicate(item.text, other.text, hit.similarity,
-                                         jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine):
-                    best = (hit.similarity, other)
-                    break
-                if s.judge_band_min <= hit.similarity and s.llm_configured and s.judge:
-                    pair = (other.text, item.text)
-                    if pair not in p.verdicts:
-                        if mode == "check":
-                            return False
-                        p.verdicts[pair] = self._judge(*pair) if mode == "fill" else None
-                    verdict = p.verdicts[pair]
-                    if verdict == "DUPLICATE":
-                        best = (hit.similarity, other)
-                        break
-                    if verdict == "UPDATE":
-                        plan.supersede(other, item, cause="LLM judged it an update")
+            best = self._stored_repeated(p, plan, item, hits, on_missing)
             if best is None and seen:
                 sims = matrix[seen] @ matrix[position]
-                for index in np.argsort(-sims)[:3]:
-                    prior = plan.items[facts[seen[int(index)]]]
-                    if policy.near_duplicate(item.text, prior.text, float(sims[index]),
-                                             jaccard_min=s.dedup_jaccard,
-                                             cosine_min=s.dedup_cosine):
-                        best = (float(sims[index]), prior)
-                        break
+                earlier = [(float(sims[k]), plan.items[facts[seen[int(k)]]])
+                           for k in np.argsort(-sims)[:3]]
+                best = next(((cosine, prior) for cosine, prior in earlier
+                             if self._near_duplicate(item, prior, cosine)), None)
             if best is None:
                 seen.append(position)
-                continue
-            plan.merge(item, best[1], now, cosine=best[0])
-        return True
+            else:
+                plan.merge(item, best[1], p.now, cosine=best[0])
+
+    def _stored_repeated(self, p: Prepared, plan: WritePlan, item: MemoryItem,
+                         hits: Sequence[VectorHit], on_missing: OnMissing,
+                         ) -> tuple[float, MemoryItem] | None:
+        """The stored fact the fresh ``item`` repeats (and their cosine): the first of its nearest
+        ``hits`` judged a duplicate by :meth:`_verdict_on_stored`. A stored fact judged updated
+        by ``item`` on the way is superseded by it."""
+        for hit in hits:
+            old = plan.items.get(hit.item.id) or hit.item
+            verdict = self._verdict_on_stored(p, old, item, hit.similarity, on_missing)
+            if verdict == "DUPLICATE":
+                return hit.similarity, old
+            if verdict == "UPDATE":
+                plan.supersede(old, item, cause="LLM judged it an update")
+        return None
+
+    def _verdict_on_stored(self, p: Prepared, old: MemoryItem, new: MemoryItem, cosine: float,
+                           on_missing: OnMissing) -> policy.Verdict | None:
+        """Whether the fresh ``new`` repeats the stored ``old`` ("DUPLICATE"), updates it
+        ("UPDATE") or stands beside it ("KEEP_BOTH", or None: no verdict). The rules decide
+        first; in the judge's cosine band, the judge (asked as ``on_missing`` says: under
+        ``MAKE_DO`` a pair it was not asked about gets None)."""
+        s = self._settings
+        if self._near_duplicate(new, old, cosine):
+            return "DUPLICATE"
+        if not (s.judge_band_min <= cosine and s.llm_configured and s.judge):
+            return None
+        pair = (old.text, new.text)
+        if pair not in p.verdicts:
+            if on_missing is OnMissing.GIVE_UP:
+                raise _Unanswered
+            p.verdicts[pair] = self._judge(*pair) if on_missing is OnMissing.CALL else None
+        return p.verdicts[pair]
+
+    def _near_duplicate(self, new: MemoryItem, old: MemoryItem, cosine: float) -> bool:
+        """:func:`policy.near_duplicate` with this memory's thresholds."""
+        s = self._settings
+        return policy.near_duplicate(new.text, old.text, cosine,
+                                     jaccard_min=s.dedup_jaccard, cosine_min=s.dedup_cosine)
 
     def _judge(self, old: str, new: str) -> policy.Verdict | None:
         """One structured call: is ``new`` an update, a duplicate, or a separate fact?"""
@@ -448,34 +480,31 @@ class Writer:
         self._usage.add(result.usage)
         return policy.parse_verdict(result.text)
 
-    def _extract_into(self, p: Prepared, plan: WritePlan, mode: Mode) -> bool:
-        """Attach the extraction of every written text (False when "check" finds one missing)."""
+    def _extract_into(self, p: Prepared, plan: WritePlan, on_missing: OnMissing) -> None:
+        """Attach the extraction of every written text (see :meth:`_found_for`)."""
         items = [plan.items[i] for i in plan.written]
         keys = [(i.text, speaker(p.user_id, i.source)) for i in items]
-        if not self._found_for(p, keys, mode):
-            return False
+        self._found_for(p, keys, on_missing)
         for item, k in zip(items, keys):
             f = p.found[k]
             plan.extracted(item.model_copy(update={
                 "extractor": f.extractor, "needs_extraction": f.needs_extraction}), f.extraction)
-        return True
 
-    def _found_for(self, p: Prepared, keys: Sequence[Key], mode: Mode) -> bool:
-        """Extract the texts ``p`` has no extraction for: with the model in "fill" mode, with the
-        rules (the memory marked for :meth:`reextract` if a model should have run) in "final"."""
-        missing = [k for k in dict.fromkeys(keys) if k not in p.found]
-        if not missing:
-            return True
-        if mode == "check":
-            return False
-        if mode == "final":
-            wanted = self._extractor is not None and p.infer and (
-                not self._extractor.name.startswith("rules"))
-            for k, f in zip(missing, self._extract_keys(p.user_id, missing, infer=False)):
-                p.found[k] = Found(f.extractor, f.needs_extraction or wanted, f.extraction)
-            return True
-        p.found.update(zip(missing, self._extract_keys(p.user_id, missing, infer=p.infer)))
-        return True
+    def _found_for(self, p: Prepared, keys: Sequence[Key], on_missing: OnMissing) -> None:
+        """Extract the texts ``p`` has no extraction for: under ``CALL`` with the extractor (a
+        model when ``p.infer``), under ``MAKE_DO`` offline as with ``infer=False``, the memory
+        marked for :meth:`reextract` when a model should have run."""
+        lacking = [k for k in dict.fromkeys(keys) if k not in p.found]
+        if not lacking:
+            return
+        if on_missing is OnMissing.GIVE_UP:
+            raise _Unanswered
+        if on_missing is OnMissing.CALL:
+            p.found.update(zip(lacking, self._extract_keys(p.user_id, lacking, infer=p.infer)))
+            return
+        wanted = p.infer and self._extractor is not None and not self._extractor.offline
+        for k, f in zip(lacking, self._extract_keys(p.user_id, lacking, infer=False)):
+            p.found[k] = Found(f.extractor, f.needs_extraction or wanted, f.extraction)
 
     def extract(
         self, user_id: str, items: Sequence[MemoryItem], *, infer: bool
@@ -491,12 +520,12 @@ class Writer:
     def _extract_keys(self, user_id: str, keys: Sequence[Key], *, infer: bool) -> list[Found]:
         """The entities of each (text, speaker), at most :data:`EXTRACT_BATCH` texts per model
         call. A failing model never loses a memory: the rules extract instead and the memory is
-        marked ``needs_extraction``. ``infer=False`` never calls a model (the rules still run:
-        they are cheap and offline)."""
+        marked ``needs_extraction``. ``infer=False`` never calls a model: an extractor that is
+        not :attr:`~hybridmem.protocols.Extractor.offline` gives way to the rules."""
         extractor = self._extractor
         if extractor is None or not keys:
             return [Found("none", False, Extraction()) for _ in keys]
-        if not infer and not extractor.name.startswith("rules"):
+        if not infer and not extractor.offline:
             extractor = self._rules()
         out: list[Found] = []
         for start in range(0, len(keys), EXTRACT_BATCH):
@@ -522,7 +551,7 @@ class Writer:
     def reextract(self, user_id: str) -> list[tuple[MemoryItem, Extraction]]:
         """Extract again the user's current memories marked ``needs_extraction`` (model calls;
         callers need not hold the user's lock). Returns those that succeeded, unmarked."""
-        if self._extractor is None or self._extractor.name.startswith("rules"):
+        if self._extractor is None or self._extractor.offline:
             return []
         marked = self._stores.vectors.list(
             user_id, where=all_of(eq("needs_extraction", True), eq("current", True)))
