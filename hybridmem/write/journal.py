@@ -4,7 +4,7 @@ Before the first store is written, the whole batch — the memories (the vector 
 of truth), their extractions, the fields that change, the deletions and the history events — is
 written to ``users/<hash>/pending.json`` and fsync'd. After the last store the file is truncated
 to nothing. A process killed in between leaves it; the next Memory on the data dir finishes the
-batch before anything else touches the user (see :meth:`hybridmem.write.writer.Writer.recover`):
+batch before anything else touches the user (:func:`recover`, :func:`settle`):
 forward when the vectors landed, back when they did not. Every step is idempotent, so recovering
 twice, or recovering a batch that had in fact finished (a truncation lost in a power cut),
 changes nothing.
@@ -42,8 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hybridmem.runtime.files import user_dir
 from hybridmem.errors import CorruptStateError, StorageError
 from hybridmem.models import Extraction, HistoryEvent, MemoryItem
+from hybridmem.stores import Stores
 
-__all__ = ["MAGIC", "PENDING_FILE", "Intent", "begin", "finish", "frame", "parse", "pending"]
+__all__ = ["MAGIC", "PENDING_FILE", "Intent", "apply", "begin", "finish", "frame", "parse", "pending",
+           "recover", "settle"]
 
 log = logging.getLogger(__name__)
 PENDING_FILE = "pending.json"
@@ -156,3 +158,59 @@ def pending(data_dir: Path) -> Iterator[Intent]:
             yield intent
         elif raw:
             os.truncate(path, 0)
+
+
+# -- applying an intent ------------------------------------------------------------------------
+def apply(stores: Stores, intent: Intent) -> None:
+    """Every store write of the batch after the vectors' upsert (the commit point), in order:
+    the lexical index, the graph, changed fields, supersession, deletions, the history. Each
+    step is idempotent, so recovery may repeat it."""
+    s, user_id = stores, intent.user_id
+    written = [i.id for i in intent.written]
+    if written:
+        s.lexical.add(user_id, written, [i.text for i in intent.written])
+        if intent.rewritten:  # a caller's new text erases what the old one said
+            s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
+        s.graph.add_extractions(
+            user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
+        )
+    if intent.updated:
+        s.vectors.update(user_id, intent.updated)
+    if intent.superseded:
+        s.graph.remove_memory(user_id, intent.superseded)
+    if intent.deleted:
+        s.vectors.delete(user_id, intent.deleted)
+        s.lexical.delete(user_id, intent.deleted)
+        s.graph.remove_memory(user_id, intent.deleted, erase=True)
+        s.history.scrub(user_id, intent.deleted)
+    s.history.record(user_id, intent.events)
+
+
+def settle(stores: Stores, intent: Intent) -> None:
+    """Finish a batch a crash interrupted — forward when its vectors landed (the upsert is the
+    commit point), back when they did not. Every step is idempotent."""
+    user_id = intent.user_id
+    landed = {i.id: i.text for i in stores.vectors.get(user_id, [i.id for i in intent.written])}
+    if all(landed.get(i.id) == i.text for i in intent.written):
+        log.warning("finishing a write to %d memories that a crash interrupted",
+                    len(intent.written) + len(intent.updated) + len(intent.deleted))
+        apply(stores, intent)
+    else:  # the upsert never happened: nothing after it did either
+        log.warning("undoing a write of %d memories that a crash interrupted",
+                    len(intent.written))
+        new = [i.id for i in intent.written if i.id not in intent.rewritten]
+        stores.vectors.delete(user_id, new)
+        stores.lexical.delete(user_id, new)
+        stores.graph.remove_memory(user_id, new, erase=True)
+
+
+def recover(data_dir: Path, stores: Stores) -> int:
+    """Settle every batch a crash left in the data dir's journals (before any write); returns
+    how many there were. Server mode keeps its journal in the user's lease instead (see
+    :mod:`hybridmem.replica.lease`): the next process to take a dead holder's lease settles it."""
+    found = 0
+    for intent in pending(data_dir):
+        found += 1
+        settle(stores, intent)
+        finish(data_dir, intent.user_id)
+    return found

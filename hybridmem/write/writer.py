@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import numpy as np
 
 from hybridmem.write import journal
 from hybridmem.write import policy
+from hybridmem.write.extraction import Extractors, reextract, store_reextracted
 from hybridmem.write.journal import Intent
 from hybridmem.runtime.locks import WriteLocks
 from hybridmem.stores import Stores
@@ -68,15 +69,12 @@ from hybridmem.write.plan import (
 )
 from hybridmem.models import AddRequest, Extraction, HistoryEvent, MemoryItem, Relation
 from hybridmem.graph.name_vectors import NameVectors
-from hybridmem.protocols import BatchExtractor, ChatModel, Extractor, VectorHit
+from hybridmem.protocols import ChatModel, Extractor, VectorHit
 from hybridmem.text import text_hash
 
-__all__ = ["EXTRACT_BATCH", "PLAN_ATTEMPTS", "Found", "Prepared", "UsageMeter", "WritePlan",
-           "Writer"]
+__all__ = ["PLAN_ATTEMPTS", "Found", "Prepared", "UsageMeter", "WritePlan", "Writer"]
 
 log = logging.getLogger(__name__)
-#: Most texts sent to an LLM extractor in one call.
-EXTRACT_BATCH = 16
 #: Plans under the lock before one makes do with the model answers it has (see the docstring).
 PLAN_ATTEMPTS = 3
 Embed = Callable[[Sequence[str]], list[list[float]]]
@@ -108,8 +106,8 @@ class Writer:
         self._names = names  # the topic signal's name vectors: embedded before the lock
         self._stores = stores
         self._embed = embed
-        self._extractor = extractor
-        self._rules = rules
+        #: the configured extractor, the rules it falls back to, and re-extraction
+        self._extractors = Extractors(extractor, rules, usage)
         self._chat = chat
         self._usage = usage
         #: The users' write locks (shared with the Memory; with a Chroma server, leases). The
@@ -253,7 +251,7 @@ class Writer:
         if intent.written:
             self._stores.vectors.upsert(user_id, intent.written, vectors)
         try:
-            self._finish(intent)
+            journal.apply(self._stores, intent)
         except Exception:
             new = [i.id for i in intent.written if i.id not in intent.rewritten]
             self._stores.vectors.delete(user_id, new)
@@ -262,61 +260,16 @@ class Writer:
             raise
         self._journal(user_id, None)
 
-    def _finish(self, intent: Intent) -> None:
-        """Every write after the vectors' upsert; each is idempotent (recovery may repeat it)."""
-        s, user_id = self._stores, intent.user_id
-        written = [i.id for i in intent.written]
-        if written:
-            s.lexical.add(user_id, written, [i.text for i in intent.written])
-            if intent.rewritten:  # a caller's new text erases what the old one said
-                s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
-            s.graph.add_extractions(
-                user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
-            )
-        if intent.updated:
-            s.vectors.update(user_id, intent.updated)
-        if intent.superseded:
-            s.graph.remove_memory(user_id, intent.superseded)
-        if intent.deleted:
-            s.vectors.delete(user_id, intent.deleted)
-            s.lexical.delete(user_id, intent.deleted)
-            s.graph.remove_memory(user_id, intent.deleted, erase=True)
-            s.history.scrub(user_id, intent.deleted)
-        s.history.record(user_id, intent.events)
-
     def recover(self) -> int:
         """Finish or undo the batches a crash left in the journal (call before any write);
         returns how many there were. (Server mode keeps its journal in the user's lease, see
         :mod:`hybridmem.replica.lease`: the next process to take a dead holder's lease recovers it.)"""
-        found = 0
-        for intent in journal.pending(self._settings.data_dir):
-            found += 1
-            self._recover_one(intent)
-            journal.finish(self._settings.data_dir, intent.user_id)
-        return found
+        return journal.recover(self._settings.data_dir, self._stores)
 
     def _recover_orphan(self, user_id: str, text: str) -> None:
         """Finish a batch a dead process left in the lease this process just took."""
-        self._recover_one(Intent.model_validate_json(text))
+        journal.settle(self._stores, Intent.model_validate_json(text))
         self._journal(user_id, None)
-
-    def _recover_one(self, intent: Intent) -> None:
-        """Forward when the batch's vectors landed (the upsert is the commit point), back when
-        they did not. Every step is idempotent."""
-        user_id = intent.user_id
-        landed = {i.id: i.text for i in self._stores.vectors.get(
-            user_id, [i.id for i in intent.written])}
-        if all(landed.get(i.id) == i.text for i in intent.written):
-            log.warning("finishing a write to %d memories that a crash interrupted",
-                        len(intent.written) + len(intent.updated) + len(intent.deleted))
-            self._finish(intent)
-        else:  # the upsert never happened: nothing after it did either
-            log.warning("undoing a write of %d memories that a crash interrupted",
-                        len(intent.written))
-            new = [i.id for i in intent.written if i.id not in intent.rewritten]
-            self._stores.vectors.delete(user_id, new)
-            self._stores.lexical.delete(user_id, new)
-            self._stores.graph.remove_memory(user_id, new, erase=True)
 
     def _journal(self, user_id: str, intent: Intent | None) -> None:
         """Make a batch durable before its first store write (None: forget it after the last):
@@ -374,7 +327,7 @@ class Writer:
     def _names_first(self, p: Prepared, plan: WritePlan) -> list[str]:
         """An offline extractor (cheap) extracts first: new node names join the texts' embedding
         call."""
-        if self._names is None or self._extractor is None or not self._extractor.offline:
+        if self._names is None or not self._extractors.offline:
             return []
         keys = [(plan.items[i].text, speaker(p.user_id, plan.items[i].source)) for i in plan.fresh]
         self._found_for(p, keys, OnMissing.CALL)
@@ -500,93 +453,20 @@ class Writer:
         if on_missing is OnMissing.GIVE_UP:
             raise _Unanswered
         if on_missing is OnMissing.CALL:
-            p.found.update(zip(lacking, self._extract_keys(p.user_id, lacking, infer=p.infer)))
+            p.found.update(zip(lacking, self._extractors.found(lacking, infer=p.infer)))
             return
-        wanted = p.infer and self._extractor is not None and not self._extractor.offline
-        for k, f in zip(lacking, self._extract_keys(p.user_id, lacking, infer=False)):
+        wanted = p.infer and self._extractors.calls_a_model
+        for k, f in zip(lacking, self._extractors.found(lacking, infer=False)):
             p.found[k] = Found(f.extractor, f.needs_extraction or wanted, f.extraction)
 
-    def extract(
-        self, user_id: str, items: Sequence[MemoryItem], *, infer: bool
-    ) -> list[tuple[MemoryItem, Extraction]]:
-        """Each item (marked with who extracted it) and its entities; see :meth:`_extract_keys`."""
-        keys = [(i.text, speaker(user_id, i.source)) for i in items]
-        return [
-            (i.model_copy(update={"extractor": f.extractor,
-                                  "needs_extraction": f.needs_extraction}), f.extraction)
-            for i, f in zip(items, self._extract_keys(user_id, keys, infer=infer))
-        ]
-
-    def _extract_keys(self, user_id: str, keys: Sequence[Key], *, infer: bool) -> list[Found]:
-        """The entities of each (text, speaker), at most :data:`EXTRACT_BATCH` texts per model
-        call. A failing model never loses a memory: the rules extract instead and the memory is
-        marked ``needs_extraction``. ``infer=False`` never calls a model: an extractor that is
-        not :attr:`~hybridmem.protocols.Extractor.offline` gives way to the rules."""
-        extractor = self._extractor
-        if extractor is None or not keys:
-            return [Found("none", False, Extraction()) for _ in keys]
-        if not infer and not extractor.offline:
-            extractor = self._rules()
-        out: list[Found] = []
-        for start in range(0, len(keys), EXTRACT_BATCH):
-            chunk = keys[start : start + EXTRACT_BATCH]
-            texts, speakers = [k[0] for k in chunk], [k[1] for k in chunk]
-            try:
-                if isinstance(extractor, BatchExtractor) and len(chunk) > 1:
-                    found = extractor.extract_batch(texts, list(speakers))
-                else:
-                    found = [extractor.extract(t, speaker=sp) for t, sp in chunk]
-                name, failed = extractor.name, False
-            except BackendError as exc:
-                log.warning("extraction with %s failed (%s); rules used, marked for re-extraction",
-                            extractor.name, type(exc).__name__)
-                rules = self._rules()
-                found = [rules.extract(t, speaker=sp) for t, sp in chunk]
-                name, failed = rules.name, True
-            for extraction in found:
-                self._usage.add(extraction.usage)
-            out.extend(Found(name, failed, e) for e in found)
-        return out
-
     def reextract(self, user_id: str) -> list[tuple[MemoryItem, Extraction]]:
-        """Extract again the user's current memories marked ``needs_extraction`` (model calls;
-        callers need not hold the user's lock). Returns those that succeeded, unmarked."""
-        if self._extractor is None or self._extractor.offline:
-            return []
-        marked = self._stores.vectors.list(
-            user_id, where=all_of(eq("needs_extraction", True), eq("current", True)))
-        marked.sort(key=lambda i: (i.created_at, i.id))
-        return [(item, found) for item, found in self.extract(user_id, marked, infer=True)
-                if not item.needs_extraction]
+        """See :func:`hybridmem.write.extraction.reextract` (model calls; no lock needed)."""
+        return reextract(self._extractors, self._stores, user_id)
 
     def store_reextracted(self, user_id: str,
                           results: Sequence[tuple[MemoryItem, Extraction]]) -> int:
-        """Write :meth:`reextract`'s results (callers hold the user's lock): the graph evidence
-        of each memory is replaced and the mark cleared. Memories deleted, changed or superseded
-        since are skipped. Returns how many were written."""
-        if not results:
-            return 0
-        now = {i.id: i for i in self._stores.vectors.get(user_id, [r[0].id for r in results])}
-        kept = [(item, found) for item, found in results if item.id in now
-                and now[item.id].text == item.text and now[item.id].is_current]
-        if not kept:
-            return 0
-        items = [now[i.id].model_copy(update={"needs_extraction": False,
-                                              "extractor": i.extractor}) for i, _ in kept]
-        ids = [i.id for i in items]
-        # the graph first: if a crash comes between, the marks stay and a new call redoes it
-        self._stores.graph.remove_memory(user_id, ids)
-        # links=False: the memories redone come from many conversations, not one; each loses
-        # its place in its own episode (remove_memory unlinks it), which costs the graph an
-        # episodic edge, never a wrong one
-        self._stores.graph.add_extractions(
-            user_id, [(i.id, f) for i, (_, f) in zip(items, kept)], links=False)
-        self._stores.vectors.update(user_id, items)
-        self._stores.history.record(user_id, [
-            HistoryEvent(memory_id=i.id, action="update", cause=f"re-extracted with {i.extractor}")
-            for i in items
-        ])
-        return len(items)
+        """See :func:`hybridmem.write.extraction.store_reextracted` (callers hold the lock)."""
+        return store_reextracted(self._stores, user_id, results)
 
     # -- supersession ------------------------------------------------------------------------------
     def _supersede_contradictions(self, user_id: str, plan: WritePlan) -> None:
