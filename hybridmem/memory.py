@@ -58,6 +58,8 @@ from hybridmem.models import (
     pydantic_message,
     to_request,
     utcnow,
+    validate_as_of,
+    validate_limit,
     validate_memory_id,
     validate_text,
     validate_user_id,
@@ -87,21 +89,6 @@ MAX_CONTEXT_PROCEDURES = 3
 MAX_CONTEXT_FACTS = 10
 #: Longest key of :meth:`Memory.remember`.
 MAX_KEY_CHARS = 100
-
-
-def _check_as_of(as_of: object) -> datetime | None:
-    """``as_of`` as an aware UTC time (naive times are UTC), or None."""
-    if as_of is None:
-        return None
-    if not isinstance(as_of, datetime):
-        raise InvalidInputError(f"as_of must be a datetime, got {type(as_of).__name__}")
-    return as_utc(as_of)
-
-
-def _check_limit(limit: object, name: str = "limit") -> int:
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
-        raise InvalidInputError(f"{name} must be an integer between 1 and {MAX_LIMIT}, got {limit!r}")
-    return limit
 
 
 class Memory:
@@ -335,7 +322,7 @@ class Memory:
         """The user's current key facts (see :meth:`remember`), by key; with ``as_of``, the
         values they had at that time."""
         self._check(user_id)
-        when = _check_as_of(as_of)
+        when = validate_as_of(as_of)
         where = all_of(eq("has_key", True), memory_filter(None, category=category, as_of=when))
         return sorted(self._stores.vectors.list(user_id, where=where), key=lambda i: i.key or "")
 
@@ -439,7 +426,7 @@ class Memory:
     ) -> builtins.list[MemoryItem]:
         """The user's memories, oldest first, optionally filtered."""
         self._check(user_id)
-        _check_limit(limit)
+        validate_limit(limit)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise InvalidInputError("offset must be a non-negative integer")
         flt = memory_filter(where, category=category, current_only=not include_superseded)
@@ -478,9 +465,9 @@ class Memory:
         and expired as of that time."""
         self._check(user_id)
         validate_text(query, what="query")
-        _check_limit(limit)
+        validate_limit(limit)
         floor = self._min_score(min_score)
-        when = _check_as_of(as_of)
+        when = validate_as_of(as_of)
         flt = memory_filter(where, category=category, current_only=not include_superseded,
                             as_of=when)
         hits = self._retriever.search(user_id, query, limit=limit, where=flt, now=when)
@@ -552,7 +539,7 @@ class Memory:
             user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]]
         )
         lines = assemble(hits, facts=facts, relations=relations, episodes=summaries,
-                         procedures=procedures, as_of=_check_as_of(as_of))
+                         procedures=procedures, as_of=validate_as_of(as_of))
         return build_context(lines, counter=self._counter, max_tokens=budget, budgets=budgets)
 
     # -- the graph ---------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pydantic import (
 from hybridmem.errors import InvalidInputError, InvalidUserIdError
 
 __all__ = [
+    "validate_as_of",
+    "validate_limit",
     "MAX_LIMIT",
     "MAX_SAFE_INT",
     "MAX_TEXT_CHARS",
@@ -164,6 +166,22 @@ def validate_text(text: object, *, what: str = "text") -> str:
     if "\x00" in text:
         raise InvalidInputError(f"{what} must not contain NUL characters")
     return check_unicode(text, what)
+
+
+def validate_as_of(as_of: object) -> datetime | None:
+    """``as_of`` as an aware UTC time (naive times are UTC), or None."""
+    if as_of is None:
+        return None
+    if not isinstance(as_of, datetime):
+        raise InvalidInputError(f"as_of must be a datetime, got {type(as_of).__name__}")
+    return as_utc(as_of)
+
+
+def validate_limit(limit: object, name: str = "limit") -> int:
+    """``limit`` as an int between 1 and :data:`MAX_LIMIT` (bools refused)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInputError(f"{name} must be an integer between 1 and {MAX_LIMIT}, got {limit!r}")
+    return limit
 
 
 def validate_metadata(metadata: object) -> dict[str, MetadataValue]:
