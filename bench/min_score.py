@@ -44,7 +44,7 @@ from _provenance import git_info  # noqa: E402  (bench/ is not a package)
 from locomo import DEFAULT_DATA, Config, ingest, load_locomo, settings_for  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results" / "min_score.json"
-DEMO = REPO / "data"
+DEMO = REPO / "hybridmem" / "demo_data"
 SEARCH_LIMIT = 30
 FUSED = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.2)
 COSINE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)

@@ -23,7 +23,7 @@ JULY = datetime(2026, 7, 1, tzinfo=timezone.utc)  # after the first preferences,
 def demo(tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder) -> Iterator[Memory]:
     """Three demo users loaded in file (time) order, as the demo stores them."""
     rows = [json.loads(line) for line in
-            (ROOT / "data" / "memories.jsonl").read_text(encoding="utf-8").splitlines() if line]
+            (ROOT / "hybridmem" / "demo_data" / "memories.jsonl").read_text(encoding="utf-8").splitlines() if line]
     settings = Settings(data_dir=tmp_path_factory.mktemp("tt"), extractor="rules")
     with Memory(settings, embedder=embedder) as mem:
         for user in USERS:
