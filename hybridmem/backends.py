@@ -32,7 +32,8 @@ from hybridmem.protocols import (
 )
 
 if TYPE_CHECKING:
-    from hybridmem.read.retrieval import AccessLog, Extras, Retriever
+    from hybridmem.read.access import AccessLog, Extras
+    from hybridmem.read.retrieval import Retriever
     from hybridmem.write.plan import UsageMeter
     from hybridmem.write.writer import Writer
     from hybridmem.replica.lease import ChromaLeases
@@ -109,7 +110,7 @@ def _open(
         vectors, client = chroma, chroma.client
     if lexical is None:
         if s.chroma_url:  # shared by every process: a cache of the server's documents
-            from hybridmem.replica.graph import ChromaLexicalIndex
+            from hybridmem.replica.lexical import ChromaLexicalIndex
 
             lexical = ChromaLexicalIndex(client=client, url=None if client else s.chroma_url)
         else:
@@ -313,7 +314,8 @@ def assemble(
     recover what a crash left half-written (batches, then imports) before anything else runs."""
     from hybridmem.graph.name_vectors import NamedGraph
     from hybridmem.ops.bundle import recover_imports
-    from hybridmem.read.retrieval import AccessLog, Extras, Retriever
+    from hybridmem.read.access import AccessLog, Extras
+    from hybridmem.read.retrieval import Retriever
     from hybridmem.write.plan import UsageMeter
     from hybridmem.write.writer import Writer
 

@@ -2,14 +2,16 @@
 
 It holds no rules of its own. Where each concern lives:
 
-- :mod:`hybridmem.backends` — what a Memory is made of: which embedder, extractor, counter and
-  stores the settings name, assembled with the write and read pipelines (:func:`~hybridmem.backends.assemble`);
+- :mod:`hybridmem.backends` — what a Memory is made of: the embedder, extractor, counter and
+  stores the settings name, assembled with the write and read pipelines
+  (:func:`~hybridmem.backends.assemble`);
 - :mod:`hybridmem.write.writer` — the write path (plan, dedup/merge, extraction, apply, supersede);
-- :mod:`hybridmem.read.retrieval` — hybrid search, access counts, the key-fact/episode cache;
+- :mod:`hybridmem.read.retrieval` and :mod:`hybridmem.read.access` — hybrid search; access counts and
+  the key-fact/episode cache;
 - :mod:`hybridmem.read.context` — what enters a context, in what order, within the budget;
 - :mod:`hybridmem.write.episodes` and :mod:`hybridmem.ops.bundle` — summaries, export and import;
-- :mod:`hybridmem.ops.backup` and :mod:`hybridmem.chroma.reembed` — snapshots with rotation, and moving
-  memories to another embedder.
+- :mod:`hybridmem.ops.backup` and :mod:`hybridmem.chroma.reembed` — snapshots with rotation, and
+  moving memories to another embedder.
 """
 
 from __future__ import annotations

@@ -241,12 +241,12 @@ def _search_thrice_then_due(mem: Memory, monkeypatch: pytest.MonkeyPatch) -> Non
 
     Why: were it due from the first, a loaded machine's gap of more than ACCESS_IDLE between two
     searches is a pause, and the write lands with a count of 1 (CI saw [0, 1] for [0, 3])."""
-    from hybridmem.read import retrieval
+    from hybridmem.read import access
 
-    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 10**9)
+    monkeypatch.setattr(access, "ACCESS_FLUSH", 10**9)
     for _ in range(2):
         assert len(mem.search("u", "Alice")) == 2
-    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(access, "ACCESS_FLUSH", 2)
     assert len(mem.search("u", "Alice")) == 2
 
 
@@ -255,9 +255,9 @@ def test_access_counts_are_written_in_a_pause_of_the_searches(
 ) -> None:
     import time
 
-    from hybridmem.read import retrieval
+    from hybridmem.read import access
 
-    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.2)
+    monkeypatch.setattr(access, "ACCESS_IDLE", 0.2)
     items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
     _search_thrice_then_due(mem, monkeypatch)
     deadline = time.monotonic() + 30
@@ -273,11 +273,11 @@ def test_a_background_count_write_goes_in_parts_with_rests(
     ends the rest and writes the remainder at once, every count exact."""
     import time
 
-    from hybridmem.read import retrieval
+    from hybridmem.read import access
 
-    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 0.05)
-    monkeypatch.setattr(retrieval, "ACCESS_PART", 1)
-    monkeypatch.setattr(retrieval, "ACCESS_SHARE", 0.001)
+    monkeypatch.setattr(access, "ACCESS_IDLE", 0.05)
+    monkeypatch.setattr(access, "ACCESS_PART", 1)
+    monkeypatch.setattr(access, "ACCESS_SHARE", 0.001)
     items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
     _search_thrice_then_due(mem, monkeypatch)
     deadline = time.monotonic() + 30
@@ -299,12 +299,12 @@ def test_a_slow_count_write_puts_off_the_next_one_under_load(
     long: then it waits (1 / ACCESS_SHARE - 1) times that, so counts cost a bounded share."""
     import time
 
-    from hybridmem.read import retrieval
+    from hybridmem.read import access
 
-    monkeypatch.setattr(retrieval, "ACCESS_FLUSH", 2)
-    monkeypatch.setattr(retrieval, "ACCESS_IDLE", 600.0)  # no pause is ever long enough
-    monkeypatch.setattr(retrieval, "ACCESS_WAIT", 0.2)
-    monkeypatch.setattr(retrieval, "ACCESS_SHARE", 0.25)
+    monkeypatch.setattr(access, "ACCESS_FLUSH", 2)
+    monkeypatch.setattr(access, "ACCESS_IDLE", 600.0)  # no pause is ever long enough
+    monkeypatch.setattr(access, "ACCESS_WAIT", 0.2)
+    monkeypatch.setattr(access, "ACCESS_SHARE", 0.25)
     items = mem.add_many("u", ["Alice bought a ROG laptop", "Alice lives in Lyon"])
     mem._access._spent = 1.0  # type: ignore[attr-defined]  # white-box: the last write took 1 s
     started = time.monotonic()

@@ -20,7 +20,8 @@ from hybridmem.errors import ClosedError, ConfigError, InvalidInputError, Storag
 from hybridmem.graph import NetworkXGraphStore
 from hybridmem.models import Entity, Extraction, MemoryItem, Relation, utcnow
 from hybridmem.offline import HashEmbedder, LocalEmbedder
-from hybridmem.replica.graph import ChromaGraphStore, ChromaLexicalIndex
+from hybridmem.replica.graph import ChromaGraphStore
+from hybridmem.replica.lexical import ChromaLexicalIndex
 from hybridmem.chroma.vector import ChromaVectorStore
 
 EMB = HashEmbedder(32)

@@ -1,7 +1,8 @@
 """Chroma plumbing, written once: clients, collection names, create/open/drop, stale handles.
 
-Both Chroma stores use it: :mod:`hybridmem.chroma.vector` (a user's main collection) and
-:mod:`hybridmem.replica.graph` (the graph side collection, and a lexical cache of the main collection).
+Every Chroma user goes through it: :mod:`hybridmem.chroma.vector` (a user's memory collections)
+and, in server mode, :mod:`hybridmem.replica` (the graph, history and lease side collections,
+and :mod:`hybridmem.replica.lexical`'s cache of the memory collection).
 
 - Clients: embedded (``PersistentClient``) or server (``HttpClient``), telemetry off.
 - Names: every collection of a user (memories, archive, and in server mode graph records,

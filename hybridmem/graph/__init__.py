@@ -1,9 +1,11 @@
 """The entity graph: one NetworkX ``DiGraph`` per user, its file format, and how it is searched.
 
 - :mod:`~hybridmem.graph.store` — :class:`NetworkXGraphStore`, the ``GraphStore`` seam on disk.
-- :mod:`~hybridmem.graph.state` — one user's graph in memory and how a new name resolves to a node.
+- :mod:`~hybridmem.graph.state` — one user's graph in memory: its indexes, its changes, which
+  node a name means and which known entities a text names.
 - :mod:`~hybridmem.graph.fileformat` — ``graph.json`` snapshots and the ``graph.log`` change log.
-- :mod:`~hybridmem.graph.activation` — spreading activation from query seeds (pure).
+- :mod:`~hybridmem.graph.activation` — the walks search makes: spreading activation from query
+  seeds, and the bounded hop neighbourhood of entities (pure).
 - :mod:`~hybridmem.graph.resolve` — entity resolution by tokens (pure).
 - :mod:`~hybridmem.graph.name_vectors` — embeddings of node names, for the topic signal.
 

@@ -1,12 +1,20 @@
-"""Graph retrieval: spreading activation over the memory–entity graph, a truncated Personalized
-PageRank in the manner of HippoRAG (Gutiérrez et al. 2024), seeded by the query's entities and the
-best vector/lexical hits. Pure: it reads a :class:`~hybridmem.graph.state.UserGraph`, never a file.
+"""Graph retrieval over one user's graph: spreading activation, which search ranks by, and the
+hop neighbourhood of entities. Pure: both read a :class:`~hybridmem.graph.state.UserGraph`, never a
+file; the store (:mod:`hybridmem.graph.store`) loads and locks the graph and calls them.
 
-The graph is bipartite — memories on one side, entities on the other — plus *episodic* links
-between memories written one after the other in one batch (a session's turns, a question and its
-answer). Activation starts as seed mass ``x(s)`` on memories (a top hit's pre-graph score divided
-by the best one's, so the best hit has 1) and on the query's entities (mass :data:`QUERY_MASS`).
-One step moves it:
+- :func:`activate` — memory id -> (graph signal, hops, path) from seed memories and the query's
+  entities, a truncated Personalized PageRank in the manner of HippoRAG (Gutiérrez et al. 2024).
+- :func:`neighbourhood` — memory id -> (hops, path) for memories within ``hops`` edges of some
+  entities, breadth-first and bounded (see its docstring).
+
+Separate from the store because what a walk reaches, and with what weight, is retrieval: the
+store only loads, persists and locks.
+
+How :func:`activate` spreads. The graph is bipartite — memories on one side, entities on the other —
+plus *episodic* links between memories written one after the other in one batch (a session's turns,
+a question and its answer). Activation starts as seed mass ``x(s)`` on memories (a top hit's
+pre-graph score divided by the best one's, so the best hit has 1) and on the query's entities (mass
+:data:`QUERY_MASS`). One step moves it:
 
 - memory ``s`` -> its episodic neighbours: ``x(s) * EPISODIC`` each;
 - memory ``s`` -> the other memories of its conversation (``session``, Settings
@@ -17,9 +25,9 @@ One step moves it:
   where ``n(s)`` is the number of expandable entities of ``s`` and ``df(e)`` the number of memories
   naming ``e`` (a random walk's split, so a hub passes almost nothing on);
 - ``spec(e) = log((N + 1) / df(e)) / log(N + 1)``, an IDF in [0, 1] over the user's ``N``
-  memories: an entity most memories name says little about any of them. This replaces a hard hub
-  cut-off; only entities with ``df(e) > max_fanout`` are skipped, to bound the cost (each would
-  pass on less than ``1 / max_fanout`` of its mass anyway).
+  memories: an entity most memories name says little about any of them. It stands in for a hard
+  hub cut-off (the one :func:`neighbourhood` makes); only entities with ``df(e) > max_fanout`` are
+  skipped, to bound the cost (each would pass on less than ``1 / max_fanout`` of its mass anyway).
 
 Dates and amounts are attributes, not bridges: nodes of those types are never expanded. A memory's
 graph signal ``g(m)`` is the mass that reached it from *other* memories or the query's entities
@@ -65,7 +73,7 @@ from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from hybridmem.graph.state import UserGraph
+from hybridmem.graph.state import UserGraph, edge_label
 
 __all__ = [
     "EPISODIC",
@@ -80,6 +88,7 @@ __all__ = [
     "TOPIC",
     "UNEXPANDED_TYPES",
     "activate",
+    "neighbourhood",
 ]
 
 #: Share of a memory's mass that flows to its episodic neighbours (each), the rest to entities.
@@ -274,3 +283,91 @@ def _topic(st: UserGraph, pool: AbstractSet[str], named: Sequence[str], topic: f
             cos, key = max(near)
             if cos > 0:
                 give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
+
+
+def neighbourhood(
+    st: UserGraph, entities: Sequence[str], *, hops: int, max_nodes: int, max_memories: int,
+    hub_degree: int, co_mentions: bool,
+) -> dict[str, tuple[int, str]]:
+    """memory id -> (hops, readable path) for memories within ``hops`` of the seed entities.
+
+    Breadth-first in both edge directions, so the first time a memory is seen is its smallest
+    hop count. Hop 0: memories mentioning a seed. Hop h: memories mentioning a node h edges away
+    (or supporting the edge that reached it). With ``co_mentions`` two entities of one memory are
+    also neighbours ("A -mentioned_with-> B"), which connects what rules cannot relate.
+
+    Bounded: at most ``max_nodes`` nodes are reached and ``max_memories`` memories returned. A
+    *hub* (more than ``hub_degree`` edges or memories, or named in over a third of the user's
+    memories) is never a seed; reached from a seed it contributes the memories of the edge that
+    reached it, but neither its own memories nor its neighbours, so "user -bought-> everything"
+    does not pull every memory in at one hop.
+    """
+    g = st.graph
+    seeds = [k for k in dict.fromkeys(st.resolve(e) for e in entities) if k is not None]
+    # A hub seed (the speaker of every "I ..." turn) says nothing about the question: starting
+    # from it would pull in an arbitrary slice of the user's memories.
+    seeds = [k for k in seeds if not _hub(st, k, hub_degree)]
+    parent: dict[str, tuple[str, str] | None] = {k: None for k in seeds[:max_nodes]}
+    found: dict[str, tuple[int, str]] = {}
+
+    def route(node: str, *extra: str) -> str:
+        steps, start = list(extra), node
+        while (step := parent[node]) is not None:
+            node, label = step
+            steps.insert(0, label)
+        return ", ".join(steps) or g.nodes[start]["name"]
+
+    def collect(mids: Iterable[str], hop: int, path: str) -> None:
+        for mid in sorted(mids):
+            if mid not in found and len(found) < max_memories:
+                found[mid] = (hop, path)
+
+    frontier = list(parent)
+    for key in frontier:
+        collect(g.nodes[key]["memory_ids"], 0, route(key))
+    for hop in range(1, hops + 1):
+        nxt: list[str] = []
+        for u in frontier:
+            if hop > 1 and _hub(st, u, hub_degree):
+                continue  # reached hubs give their edge's memories but are not expanded
+            for v, label, mids in _neighbours(st, u, hub_degree, co_mentions):
+                collect(mids, hop, route(u, label))
+                if v in parent or len(parent) >= max_nodes:
+                    continue
+                parent[v] = (u, label)
+                nxt.append(v)
+                if not _hub(st, v, hub_degree):
+                    collect(g.nodes[v]["memory_ids"], hop, route(v))
+        frontier = nxt
+        if not frontier or len(found) >= max_memories:
+            break
+    return found
+
+
+def _hub(st: UserGraph, key: str, hub_degree: int) -> bool:
+    """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more
+    than a third of the user's memories, like the speaker of every "I ..." statement."""
+    mentions = len(st.graph.nodes[key]["memory_ids"])
+    if st.graph.degree(key) > hub_degree or mentions > hub_degree:
+        return True
+    return mentions >= 4 and mentions * 3 > len(st.mem_nodes)
+
+
+def _neighbours(
+    st: UserGraph, u: str, hub_degree: int, co_mentions: bool
+) -> list[tuple[str, str, set[str]]]:
+    """(node, label, supporting memory ids): relation edges by weight, then co-mentions."""
+    g = st.graph
+    out = [(v, edge_label(g, u, v), a["memory_ids"], -a["weight"]) for v, a in g.succ[u].items()]
+    out += [(v, edge_label(g, v, u), a["memory_ids"], -a["weight"]) for v, a in g.pred[u].items()]
+    out.sort(key=lambda t: (t[3], t[0]))
+    rows = [(v, label, mids) for v, label, mids, _w in out]
+    if co_mentions and not _hub(st, u, hub_degree):
+        related = set(g.succ[u]) | set(g.pred[u]) | {u}
+        others = {v for m in g.nodes[u]["memory_ids"] for v in st.mem_nodes.get(m, ())}
+        name = g.nodes[u]["name"]
+        rows += [
+            (v, f"{name} -mentioned_with-> {g.nodes[v]['name']}", set())
+            for v in sorted(others - related)
+        ]
+    return rows

@@ -1,5 +1,6 @@
-"""One user's graph in memory: the DiGraph, the indexes derived from it, and the two changes
-that can happen to it (memories' extractions added, memories removed). No I/O: the store
+"""One user's graph in memory: the DiGraph, the indexes derived from it, the two changes that
+can happen to it (memories' extractions added, memories removed) and the lookups those indexes
+answer (which node a name means, which known entities a text names). No I/O: the store
 (:mod:`hybridmem.graph.store`) loads, persists and locks; this module only keeps the graph right."""
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from pathlib import Path
 import networkx as nx
 
 from hybridmem.graph.fileformat import MAX_PREDICATE, refresh_edge
-from hybridmem.models import Extraction
 from hybridmem.graph.resolve import better_name, resolve_by_tokens
-from hybridmem.text import entity_key, predicate_key
+from hybridmem.models import Extraction
+from hybridmem.text import entity_key, predicate_key, words
 
-__all__ = ["LOG_FILE", "Stamp", "UserGraph", "stamp_of"]
+__all__ = ["LOG_FILE", "MAX_NGRAM", "Stamp", "UserGraph", "edge_label", "stamp_of"]
 
 LOG_FILE = "graph.log"
+#: Longest entity name (in words) that :meth:`UserGraph.entities_in` can recognise.
+MAX_NGRAM = 6
+_NOT_ENTITIES = frozenset({"i", "me", "my", "you", "it", "we", "us", "he", "she", "they", "this"})
 Edge = tuple[str, str]
 #: (mtime_ns, size) of a file, None when it does not exist.
 Stamp = tuple[int, int] | None
@@ -112,6 +116,31 @@ class UserGraph:
         found = self.aliases.get(key)
         return min(found) if found else None
 
+    def entities_in(self, text: str) -> list[str]:
+        """Keys of known entities named in ``text``, longest match first (word n-grams, n <=
+        :data:`MAX_NGRAM`).
+
+        One dict lookup per n-gram in the alias index, so it costs the same at 10 nodes or 10k.
+        Single pronoun-like words ("it", "my") never match.
+        """
+        # A token that is only punctuation (" - ") normalises to no word; it stays as "" so that
+        # no n-gram spans it.
+        tokens = [w for token in text.split() for w in words(token) or [""]]
+        found: dict[str, None] = {}
+        i, n = 0, len(tokens)
+        while i < n:
+            for size in range(min(MAX_NGRAM, n - i), 0, -1):
+                gram = tokens[i : i + size]
+                if not all(gram) or (size == 1 and gram[0] in _NOT_ENTITIES):
+                    continue
+                keys = self.aliases.get(" ".join(gram))
+                if keys:
+                    found.update(dict.fromkeys(sorted(keys)))
+                    i += size
+                    break
+            else:
+                i += 1
+        return list(found)
 
     def add(self, items: Sequence[tuple[str, Extraction]], seen: datetime,
             links: Links = True) -> None:
@@ -148,9 +177,9 @@ class UserGraph:
                 if self.edge_index is not None:  # (else built from the graph when first asked)
                     self.edge_index.setdefault(memory_id, set()).add((u, v))
 
-
     def _resolve_form(self, canon: str, type_: str) -> str | None:
-        """The one node this new name is a longer or shorter form of (see :mod:`hybridmem.graph.resolve`)."""
+        """The one node this new name is a longer or shorter form of (see
+        :mod:`hybridmem.graph.resolve`)."""
         g = self.graph
         return resolve_by_tokens(
             tuple(canon.split()), type_, self.words,
@@ -192,7 +221,8 @@ class UserGraph:
         if key is None:
             key = self._resolve_form(canon, type_)
             if key is not None and better_name(name.strip(), g.nodes[key]["name"]):
-                g.nodes[key]["name"] = name.strip()  # "4K monitor" seen first, then "Dell 4K monitor"
+                # "4K monitor" seen first, then "Dell 4K monitor"
+                g.nodes[key]["name"] = name.strip()
         key = key or canon
         if key not in g:
             g.add_node(
@@ -264,3 +294,9 @@ class UserGraph:
                         if not found:
                             del table[k]
         self.graph.remove_node(key)
+
+
+def edge_label(g: nx.DiGraph[str], u: str, v: str) -> str:
+    """An edge as text in its own direction: "Alice -bought/returned-> ROG laptop"."""
+    preds = "/".join(g.edges[u, v]["predicates"])
+    return f"{g.nodes[u]['name']} -{preds}-> {g.nodes[v]['name']}"

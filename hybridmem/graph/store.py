@@ -23,7 +23,8 @@ it) and ``memory_ids``. Edge attributes: ``predicates``, ``evidence`` ({predicat
 confidence}}, so forgetting a memory removes exactly the predicates it supported), ``memory_ids``,
 ``weight`` (number of supporting memories) and ``confidence`` (max).
 
-Stores only store: the extractor decides what the entities are; ranking decides what hops are worth.
+Stores only store: the extractor decides what the entities are; the walks over a graph
+(:mod:`hybridmem.graph.activation`) and ranking decide what hops are worth.
 """
 
 from __future__ import annotations
@@ -42,7 +43,16 @@ from typing import Any
 import networkx as nx
 from filelock import Timeout
 
-from hybridmem.runtime.files import atomic_write_bytes, user_dir, user_key, user_lock
+from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
+from hybridmem.graph.activation import (
+    EPISODIC,
+    FOCUS,
+    SESSION,
+    TOPIC,
+    Similar,
+    activate,
+    neighbourhood,
+)
 from hybridmem.graph.fileformat import (
     SCHEMA,
     append_op,
@@ -54,14 +64,12 @@ from hybridmem.graph.fileformat import (
     to_json_bytes,
     truncate,
 )
-from hybridmem.graph.state import LOG_FILE, Links, UserGraph, stamp_of
-from hybridmem.runtime.locks import UserLocks
-from hybridmem.graph.activation import EPISODIC, FOCUS, SESSION, TOPIC, Similar, activate
-from hybridmem.errors import ClosedError, CorruptStateError, InvalidInputError, StorageError
+from hybridmem.graph.state import LOG_FILE, Links, UserGraph, edge_label, stamp_of
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
-from hybridmem.text import words
+from hybridmem.runtime.files import atomic_write_bytes, user_dir, user_key, user_lock
+from hybridmem.runtime.locks import UserLocks
 
-__all__ = ["GRAPH_FILE", "LOG_FILE", "MAX_NGRAM", "SCHEMA", "NetworkXGraphStore"]
+__all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore"]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +79,6 @@ COMPACT_MIN_BYTES = 256 * 1024
 #: A load that replayed at least this much log, and more than a quarter of the snapshot's size,
 #: folds the log into a new snapshot (see ``NetworkXGraphStore._fold``).
 FOLD_MIN_BYTES = 64 * 1024
-#: Longest entity name (in words) that :meth:`NetworkXGraphStore.entities_in` can recognise.
-MAX_NGRAM = 6
-_NOT_ENTITIES = frozenset({"i", "me", "my", "you", "it", "we", "us", "he", "she", "they", "this"})
 _Edge = tuple[str, str]
 
 
@@ -84,11 +89,9 @@ class NetworkXGraphStore:
     user's file lock, re-reads the file if another process changed it, applies the change and saves.
     Reads re-read the file only when its mtime or size changed.
 
-    ``neighbourhood`` is bounded: at most ``max_nodes`` nodes are reached and ``max_memories``
-    memories returned; a *hub* (more than ``hub_degree`` edges or memories, or named in over a
-    third of the user's memories) reached from a seed contributes the memories of the edge that
-    reached it, but neither its own memories nor its neighbours, so "user -bought-> everything"
-    does not pull every memory in at one hop.
+    ``max_nodes``, ``max_memories``, ``hub_degree`` and ``co_mentions`` bound and shape
+    :meth:`neighbourhood` (see :func:`hybridmem.graph.activation.neighbourhood`); ``focus`` and
+    ``session`` weigh :meth:`activation` (see :func:`hybridmem.graph.activation.activate`).
 
     ``data_dir=None`` keeps the graphs in memory only (no files, no file locks, ``save`` does
     nothing): for callers that persist extractions elsewhere and replay them into this store, like
@@ -110,7 +113,8 @@ class NetworkXGraphStore:
         session: float = SESSION,
     ) -> None:
         self.data_dir = None if data_dir is None else Path(data_dir)
-        #: Query focus of :meth:`activation` (Settings ``graph_focus``; see hybridmem.graph.activation).
+        #: Query focus of :meth:`activation` (Settings ``graph_focus``; see
+        #: hybridmem.graph.activation).
         self.focus = focus
         #: Share of a hit's activation spread over the rest of its conversation.
         self.session = session
@@ -121,7 +125,8 @@ class NetworkXGraphStore:
         self.hub_degree = hub_degree
         self.co_mentions = co_mentions
         #: ``_lock`` guards the tables only, never a load, query or file write; each user's
-        #: graph is read and changed under its own lock (``_busy``), so users never wait on each other.
+        #: graph is read and changed under its own lock (``_busy``), so users never wait on each
+        #: other.
         self._lock = threading.RLock()
         self._busy = UserLocks()
         #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
@@ -174,12 +179,16 @@ class NetworkXGraphStore:
             with self._lock:
                 self._users[key] = st
                 # the least recently used go first; never one with unsaved changes or in use
-                for old in [k for k in self._users if k not in self._dirty and not self._busy.busy(k)]:
+                idle = [k for k in self._users if k not in self._dirty and not self._busy.busy(k)]
+                for old in idle:
                     if len(self._users) <= self.max_open:
                         break
                     del self._users[old]
-        elif not dirty and not (self._exclusive and self._exclusive()) and (
-                st.stamps() != st.stamp):
+            return st
+        # no re-read: unsaved changes are newer than the files, and the data dir's only writer
+        # (the data-dir lock says so) already holds every change
+        trusted = dirty or (self._exclusive is not None and self._exclusive())
+        if not trusted and st.stamps() != st.stamp:
             self._load(st)
         return st
 
@@ -313,9 +322,11 @@ class NetworkXGraphStore:
         with self._locked(user_id), self._file_lock(user_id):
             st = self._state(user_id)
             st.add(items, seen, links)
-            op: dict[str, Any] = {"op": "add", "at": seen.isoformat(), "items": [
-                [m, e.model_dump(mode="json", exclude={"usage"})] for m, e in items
-            ]}
+            op: dict[str, Any] = {
+                "op": "add",
+                "at": seen.isoformat(),
+                "items": [[m, e.model_dump(mode="json", exclude={"usage"})] for m, e in items],
+            }
             if links is not True:
                 op["links"] = links if links is False else [list(pair) for pair in links]
             self._record(user_id, st, op)
@@ -381,87 +392,25 @@ class NetworkXGraphStore:
     # ---------------------------------------------------------------- reads
 
     def entities_in(self, user_id: str, text: str) -> list[str]:
-        """Keys of known entities named in ``text``, longest match first (word n-grams, n <= 6).
-
-        One dict lookup per n-gram in the alias index, so it costs the same at 10 nodes or 10k.
-        Single pronoun-like words ("it", "my") never match.
-        """
+        """Keys of known entities named in ``text``, longest match first (see
+        :meth:`~hybridmem.graph.state.UserGraph.entities_in`)."""
         with self._locked(user_id):
-            st = self._state(user_id)
-            # A token that is only punctuation (" - ") normalises to no word; it stays as "" so
-            # that no n-gram spans it.
-            tokens = [w for token in text.split() for w in words(token) or [""]]
-            found: dict[str, None] = {}
-            i, n = 0, len(tokens)
-            while i < n:
-                for size in range(min(MAX_NGRAM, n - i), 0, -1):
-                    gram = tokens[i : i + size]
-                    if not all(gram) or (size == 1 and gram[0] in _NOT_ENTITIES):
-                        continue
-                    keys = st.aliases.get(" ".join(gram))
-                    if keys:
-                        found.update(dict.fromkeys(sorted(keys)))
-                        i += size
-                        break
-                else:
-                    i += 1
-            return list(found)
+            return self._state(user_id).entities_in(text)
 
     def neighbourhood(
         self, user_id: str, entities: Sequence[str], *, hops: int
     ) -> dict[str, tuple[int, str]]:
-        """memory id -> (hops, readable path) for memories within ``hops`` of the seed entities.
-
-        Breadth-first in both edge directions, so the first time a memory is seen is its smallest
-        hop count. Hub seeds are skipped (see ``_hub``). Hop 0: memories mentioning a seed. Hop h:
-        memories mentioning a node h edges away (or supporting the edge that reached it). With
-        ``co_mentions`` two entities of one memory are also neighbours ("A -mentioned_with-> B"),
-        which connects what rules cannot relate.
-        """
+        """memory id -> (hops, readable path) for memories within ``hops`` of the seed entities,
+        breadth-first and bounded by this store's limits (see
+        :func:`hybridmem.graph.activation.neighbourhood`)."""
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
         with self._locked(user_id):
-            st = self._state(user_id)
-            g = st.graph
-            seeds = [k for k in dict.fromkeys(st.resolve(e) for e in entities) if k is not None]
-            # A hub seed (the speaker of every "I ..." turn) says nothing about the question:
-            # starting from it would pull in an arbitrary slice of the user's memories.
-            seeds = [k for k in seeds if not self._hub(st, k)]
-            parent: dict[str, tuple[str, str] | None] = {k: None for k in seeds[: self.max_nodes]}
-            found: dict[str, tuple[int, str]] = {}
-
-            def route(node: str, *extra: str) -> str:
-                steps, start = list(extra), node
-                while (step := parent[node]) is not None:
-                    node, label = step
-                    steps.insert(0, label)
-                return ", ".join(steps) or g.nodes[start]["name"]
-
-            def collect(mids: Iterable[str], hop: int, path: str) -> None:
-                for mid in sorted(mids):
-                    if mid not in found and len(found) < self.max_memories:
-                        found[mid] = (hop, path)
-
-            frontier = list(parent)
-            for key in frontier:
-                collect(g.nodes[key]["memory_ids"], 0, route(key))
-            for hop in range(1, hops + 1):
-                nxt: list[str] = []
-                for u in frontier:
-                    if hop > 1 and self._hub(st, u):
-                        continue  # reached hubs give their edge's memories but are not expanded
-                    for v, label, mids in self._neighbours(st, u):
-                        collect(mids, hop, route(u, label))
-                        if v in parent or len(parent) >= self.max_nodes:
-                            continue
-                        parent[v] = (u, label)
-                        nxt.append(v)
-                        if not self._hub(st, v):
-                            collect(g.nodes[v]["memory_ids"], hop, route(v))
-                frontier = nxt
-                if not frontier or len(found) >= self.max_memories:
-                    break
-            return found
+            return neighbourhood(
+                self._state(user_id), entities, hops=hops, max_nodes=self.max_nodes,
+                max_memories=self.max_memories, hub_degree=self.hub_degree,
+                co_mentions=self.co_mentions,
+            )
 
     def activation(
         self, user_id: str, seeds: Sequence[tuple[str, float]], query: str, *, hops: int = 1,
@@ -475,36 +424,11 @@ class NetworkXGraphStore:
         if hops < 0:
             raise InvalidInputError("hops must be >= 0")
         with self._locked(user_id):
-            named = self.entities_in(user_id, query)
+            st = self._state(user_id)
             return activate(
-                self._state(user_id), seeds, named, hops=hops, episodic=episodic, focus=self.focus,
-                session=self.session, topic=topic, similar=similar, linked=linked
+                st, seeds, st.entities_in(query), hops=hops, episodic=episodic, focus=self.focus,
+                session=self.session, topic=topic, similar=similar, linked=linked,
             )
-
-    def _hub(self, st: UserGraph, key: str) -> bool:
-        """Too connected to mean anything: many edges or memories, or (IDF-like) mentioned by more
-        than a third of the user's memories, like the speaker of every "I ..." statement."""
-        mentions = len(st.graph.nodes[key]["memory_ids"])
-        if st.graph.degree(key) > self.hub_degree or mentions > self.hub_degree:
-            return True
-        return mentions >= 4 and mentions * 3 > len(st.mem_nodes)
-
-    def _neighbours(self, st: UserGraph, u: str) -> list[tuple[str, str, set[str]]]:
-        """(node, label, supporting memory ids): relation edges by weight, then co-mentions."""
-        g = st.graph
-        out = [(v, _label(g, u, v), a["memory_ids"], -a["weight"]) for v, a in g.succ[u].items()]
-        out += [(v, _label(g, v, u), a["memory_ids"], -a["weight"]) for v, a in g.pred[u].items()]
-        out.sort(key=lambda t: (t[3], t[0]))
-        rows = [(v, label, mids) for v, label, mids, _w in out]
-        if self.co_mentions and not self._hub(st, u):
-            related = set(g.succ[u]) | set(g.pred[u]) | {u}
-            others = {v for m in g.nodes[u]["memory_ids"] for v in st.mem_nodes.get(m, ())}
-            name = g.nodes[u]["name"]
-            rows += [
-                (v, f"{name} -mentioned_with-> {g.nodes[v]['name']}", set())
-                for v in sorted(others - related)
-            ]
-        return rows
 
     def entities_of(self, user_id: str, memory_ids: Sequence[str]) -> list[str]:
         """Keys of the entities the given memories mention (sorted)."""
@@ -570,7 +494,8 @@ class NetworkXGraphStore:
             )
             nodes = paths.get(dst, [])
             return [
-                _label(g, u, v) if g.has_edge(u, v) else _label(g, v, u) for u, v in pairwise(nodes)
+                edge_label(g, u, v) if g.has_edge(u, v) else edge_label(g, v, u)
+                for u, v in pairwise(nodes)
             ]
 
     def export(self, user_id: str) -> dict[str, Any]:
@@ -590,9 +515,3 @@ def _entity(key: str, attrs: Mapping[str, Any]) -> GraphEntity:
         first_seen=attrs["first_seen"],
         last_seen=attrs["last_seen"],
     )
-
-
-def _label(g: nx.DiGraph[str], u: str, v: str) -> str:
-    """An edge as text in its own direction: "Alice -bought/returned-> ROG laptop"."""
-    preds = "/".join(g.edges[u, v]["predicates"])
-    return f"{g.nodes[u]['name']} -{preds}-> {g.nodes[v]['name']}"

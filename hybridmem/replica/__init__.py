@@ -2,8 +2,11 @@
 
 Every app process pointing at the same Chroma server derives the same graph, lexical index and
 history from records stored there, and serialises a user's writes with a lease held in Chroma.
+Vectors, documents and metadata stay in the user's main collection (:mod:`hybridmem.chroma.vector`).
 
-- :mod:`~hybridmem.replica.graph` — the graph and lexical replicas and how they follow the server.
+- :mod:`~hybridmem.replica.graph` — the graph, replayed from one extraction record per write.
+- :mod:`~hybridmem.replica.lexical` — a per-process FTS5 cache of the main collection's documents.
+- :mod:`~hybridmem.replica.sync` — what both share: per-user cache state, checks of the server.
 - :mod:`~hybridmem.replica.history` — the history log as a Chroma collection.
 - :mod:`~hybridmem.replica.lease` — cross-process per-user leases.
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.runtime.files import user_key
 from hybridmem.models import HistoryEvent
 
 if TYPE_CHECKING:

@@ -1,0 +1,116 @@
+"""Keeping a process's caches of a user in step with the Chroma server: what the graph and
+lexical replicas share.
+
+In server mode no process owns a user's graph or lexical index: each process caches what it
+derives from records in the one Chroma server (:mod:`hybridmem.replica.graph`,
+:mod:`hybridmem.replica.lexical`). Writes only add or delete records, never read-modify-write a
+shared blob, so no process overwrites another's update. A process sees its own writes at once and
+other processes' adds and deletes at its next *check*, which runs before a read at most every
+``refresh_interval`` seconds (``refresh()`` forces one). A check lists record ids only, the
+cheapest thing Chroma serves (measured on one ``chroma run``: 10k ids in ~20 ms, their metadata in
+~1.3 s), so a change must show in the ids, or be found by a slower comparison now and then.
+
+- :class:`ServerCache` — the client, each user's state, when a check is due, and collection
+  handles that survive another process dropping and re-creating a collection.
+- :class:`UserSync` — one user's cache state: its lock, what the cache holds, when it was checked.
+- :func:`chunks` and :data:`BATCH` — requests to the server cut to a bounded size.
+
+Separate from the replicas because both follow the server the same way; each of them keeps only
+what it caches and how it replays the server's records into it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from hybridmem.chroma import client as _chroma
+from hybridmem.errors import ClosedError, ConfigError
+from hybridmem.runtime.files import user_key
+
+if TYPE_CHECKING:
+    from chromadb.api import ClientAPI
+    from chromadb.api.models.Collection import Collection
+
+__all__ = ["BATCH", "ServerCache", "UserSync", "chunks"]
+
+#: Records per Chroma request: well under the server's batch limit, and a bounded request size.
+BATCH = 1000
+_HINT = "check that the Chroma server at chroma_url is reachable"
+T = TypeVar("T")
+
+
+def chunks(items: Sequence[T]) -> Iterable[Sequence[T]]:
+    """``items`` in slices of at most :data:`BATCH`."""
+    return (items[i : i + BATCH] for i in range(0, len(items), BATCH))
+
+
+@dataclass
+class UserSync:
+    """One user's cache state: its lock (held across a check, so a concurrent own write is never
+    mistaken for a remote delete), what the cache holds and when the server was last checked."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    record_ids: set[str] = field(default_factory=set)  # graph: server records replayed
+    versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
+    checked: float | None = None  # monotonic time of the last check's start
+    swept: float | None = None  # lexical: last full comparison of texts
+
+
+class ServerCache:
+    """Plumbing shared by both replicas: the client, per-user state, rate-limited checks, and
+    handles that survive another process dropping and re-creating a collection
+    (:mod:`hybridmem.chroma.client`). A client made here from ``url`` is closed by :meth:`close`;
+    a ``client`` passed in is not."""
+
+    def __init__(self, *, client: ClientAPI | None, url: str | None, refresh_interval: float,
+                 name_of: Callable[[str], str]) -> None:
+        if (client is None) == (url is None):
+            raise ConfigError(f"{type(self).__name__} needs exactly one of client= or url=")
+        if refresh_interval < 0:
+            raise ConfigError("refresh_interval must be >= 0 seconds")
+        self._own_client = client is None
+        self._handles = _chroma.CollectionHandles(
+            client if client is not None else _chroma.make_client(url=url), hint=_HINT
+        )
+        self._name_of = name_of
+        self.refresh_interval = float(refresh_interval)
+        self._users: dict[str, UserSync] = {}
+        self._guard = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(users_cached={len(self._users)})"
+
+    def _state(self, user_id: str) -> UserSync:
+        key = user_key(user_id)  # validates the user id
+        with self._guard:
+            if self._closed:
+                raise ClosedError(f"the {type(self).__name__} is closed; create a new one")
+            return self._users.setdefault(key, UserSync())
+
+    def _run(self, user_id: str, what: str, call: Callable[[Collection], T], *,
+             create: _chroma.CollectionMeta | None = None) -> T | None:
+        """``call(collection)``; None when the collection does not exist (unless ``create``, its
+        metadata, is given). A stale handle (the collection was dropped by someone) is reopened
+        once."""
+        return self._handles.run(self._name_of(user_id), call, user_id=user_id, what=what,
+                                 create=create)
+
+    def _due(self, st: UserSync, force: bool) -> bool:
+        return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval
+
+    def _close(self) -> bool:
+        """Mark closed, drop caches and handles, release an own client; False if it already was."""
+        with self._guard:
+            if self._closed:
+                return False
+            self._closed = True
+            self._users.clear()
+            self._handles.clear()
+            if self._own_client:
+                _chroma.close_client(self._handles.client)
+            return True
