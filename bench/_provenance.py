@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_info() -> dict[str, Any]:
-    """The commit, whether the tree is dirty, and a sha256 of ``hybridmem/*.py``."""
+    """The commit, whether the tree is dirty, and a sha256 of every ``hybridmem/**/*.py``."""
 
     def run(*args: str) -> str:
         try:
@@ -28,8 +28,8 @@ def git_info() -> dict[str, Any]:
 
     commit = run("rev-parse", "HEAD")
     digest = hashlib.sha256()
-    for path in sorted((REPO / "hybridmem").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted((REPO / "hybridmem").rglob("*.py")):
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
     return {
         "commit": commit or None,
         "dirty": bool(run("status", "--porcelain")) if commit else None,

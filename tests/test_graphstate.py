@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _indexes(st: UserGraph) -> tuple[object, ...]:
     keep = (lambda table: {k: set(v) for k, v in table.items() if v})
-    return (keep(st.aliases), keep(st.words), keep(st.mem_nodes), keep(st.mem_edges),
-            dict(st.prevs), dict(st.nexts))
+    return (keep(st.aliases), keep(st.words), keep(st.forms), keep(st.by_form),
+            keep(st.mem_nodes), keep(st.mem_edges), dict(st.prevs), dict(st.nexts))
 
 
 def test_removals_keep_the_indexes_equal_to_a_rebuild() -> None:

@@ -12,7 +12,13 @@ import pytest
 
 from hybridmem.graph.state import UserGraph
 from hybridmem.extract import RuleExtractor
-from hybridmem.graph.resolve import compatible, is_form_of
+from hybridmem.graph.resolve import (
+    COMMON_WORD,
+    MAX_CHECKED,
+    compatible,
+    is_form_of,
+    resolve_by_tokens,
+)
 from hybridmem.text import entity_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,3 +170,57 @@ def test_demo_graph_has_no_role_unit_or_number_nodes() -> None:
         keys = set(st.graph)
         assert not keys & {"agent", "ghz", "hz", "w", "we've", "we'll", "found", "drop"}, user
         assert not [k for k in keys if k.replace(",", "").replace(".", "").isdigit()], user
+
+
+# -- bounded work, whatever the graph holds ------------------------------------------------------
+def _catalogue(n: int) -> UserGraph:
+    """A user who bought ``n`` distinct products of one brand: every name shares two words."""
+    rules, st, now = RuleExtractor(), UserGraph("u", None), datetime.now(timezone.utc)
+    st.add([(f"m{i}", rules.extract(f"I bought the Vexo K{i} kettle from Shop{i % 97} for ${i}.",
+                                    speaker="u")) for i in range(n)], now, links=False)
+    return st
+
+
+def test_a_catalogue_of_one_brand_checks_a_bounded_number_of_nodes() -> None:
+    st = _catalogue(600)
+    assert len(st.words["vexo"]) == len(st.words["kettle"]) == 600  # every node is a candidate
+    asked: list[str] = []
+
+    def forms(key: str) -> list[tuple[str, ...]]:
+        asked.append(key)
+        return [tuple(c.split()) for c in st.forms[key]]
+
+    def type_of(key: str) -> str:
+        return str(st.graph.nodes[key]["type"])
+
+    for name in ("Vexo K9999 kettle", "Vexo kettle", "Vexo K17", "Vexo kettles"):
+        asked.clear()
+        resolve_by_tokens(w(name), "product", st.words, st.by_form, forms, type_of)
+        assert len(asked) <= MAX_CHECKED, (name, len(asked))
+
+
+def test_a_catalogue_of_one_brand_still_merges_forms_and_keeps_products_apart() -> None:
+    st = _catalogue(600)
+    now = datetime.now(timezone.utc)
+    assert st.graph.number_of_nodes() >= 600 and "vexo k17 kettle" in st.graph
+    rules = RuleExtractor()
+    st.add([("short", rules.extract("The Vexo K17 is great.", speaker="u"))], now, links=False)
+    assert st.mem_nodes["short"] & {"vexo k17 kettle"}  # a shorter form, through its rare code
+    st.add([("new", rules.extract("I bought the Vexo K9999 kettle.", speaker="u"))], now,
+           links=False)
+    assert "vexo k9999 kettle" in st.graph  # a new product is a node of its own
+    st.add([("vague", rules.extract("I love my Vexo kettle.", speaker="u"))], now, links=False)
+    assert not st.mem_nodes["vague"] & set(st.words["k17"])  # many qualify: merged into none
+
+
+def test_a_shorter_form_made_of_common_words_is_still_found() -> None:
+    """"Vexo kettle" shares only words hundreds of nodes hold, yet a longer name finds it as its
+    shorter form (by the exact-form index, not by scanning every node with "vexo")."""
+    st, now = _catalogue(300), datetime.now(timezone.utc)
+    st.add([("vague", RuleExtractor().extract("I bought the Vexo kettle.", speaker="u"))], now,
+           links=False)
+    assert "vexo kettle" in st.graph and len(st.words["vexo"]) > COMMON_WORD
+    found = resolve_by_tokens(w("Vexo K12345 kettle"), "product", st.words, st.by_form,
+                              lambda k: [tuple(c.split()) for c in st.forms[k]],
+                              lambda k: str(st.graph.nodes[k]["type"]))
+    assert found == "vexo kettle"

@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set
+from itertools import combinations, islice
 
 from rapidfuzz import fuzz
 
 from hybridmem.text import singular
 
 __all__ = [
-    "FUZZY_RATIO", "MERGEABLE_TYPES", "NEVER_MERGED", "VARIANTS", "better_name", "compatible",
-    "is_form_of", "resolve_by_tokens",
+    "COMMON_WORD", "FUZZY_RATIO", "MAX_CHECKED", "MAX_SUBSET_WORDS", "MERGEABLE_TYPES",
+    "NEVER_MERGED", "VARIANTS", "better_name", "compatible", "form_key", "is_form_of",
+    "resolve_by_tokens",
 ]
 
 #: Entity types whose names may be matched by containment (a product also takes a name the rules
@@ -63,6 +66,13 @@ FUZZY_RATIO = 85.0
 #: Shortest ordinary word matched by edit distance (shorter ones differ by one letter: "cable"
 #: and "table" are 5, and need the anchor too).
 FUZZY_MIN_LETTERS = 5
+
+#: Nodes whose forms are checked against one new name, at most (see :func:`resolve_by_tokens`).
+MAX_CHECKED = 32
+#: A word more nodes than this hold is common: its nodes are not all candidates.
+COMMON_WORD = 256
+#: Longest name (distinct compared words) whose subsets are looked up as shorter forms.
+MAX_SUBSET_WORDS = 8
 
 #: Counts that open a name without being part of it ("three Dell P2425H monitors").
 COUNTS = frozenset("two three four five six seven eight nine ten several multiple".split())
@@ -161,28 +171,73 @@ def compatible(first: str, second: str) -> bool:
     return first in MERGEABLE_TYPES and second in MERGEABLE_TYPES
 
 
+def form_key(words: tuple[str, ...]) -> frozenset[str]:
+    """The compared words of a name (a leading count dropped, the last word singular), as a
+    set: the key under which the graph indexes each alias for :func:`resolve_by_tokens`."""
+    return frozenset(_norm(words))
+
+
 def resolve_by_tokens(
     words: tuple[str, ...],
     type_: str,
-    index: Mapping[str, set[str]],
+    index: Mapping[str, Mapping[str, None]],
+    by_form: Mapping[frozenset[str], Set[str]],
     forms: Callable[[str], Iterable[tuple[str, ...]]],
     type_of: Callable[[str], str],
 ) -> str | None:
     """The one existing node that ``words`` (a new name's entity-key words) is a form of, or that
-    is a form of it; None when none or several qualify. ``index``: word -> node keys; ``forms``:
-    node key -> the word tuples of its aliases; ``type_of``: node key -> type."""
+    is a form of it; None when none or several qualify.
+
+    ``index``: word -> node keys holding it (insertion-ordered); ``by_form``: :func:`form_key`
+    of an alias -> node keys; ``forms``: node key -> the word tuples of its aliases; ``type_of``:
+    node key -> type.
+
+    Bounded work, whatever the graph holds (a catalogue of 5,000 products of one brand shares
+    "vexo" and "kettle" with every new one): the candidates are
+
+    1. every node with an alias whose compared words are a subset of the new name's — one
+       lookup per subset (names of at most :data:`MAX_SUBSET_WORDS` distinct words), so every
+       shorter form is found however common its words are;
+    2. every node holding a *rare* word of the name (one that at most :data:`COMMON_WORD` nodes
+       hold: a model code, a distinctive word) — a longer form holds them all, and two names of
+       one model share its code;
+    3. when every word is common, the first :data:`MAX_CHECKED` nodes holding the least common
+       one (insertion order: the oldest first).
+
+    They are checked best first (most of the name's words held, then by key) and at most
+    :data:`MAX_CHECKED` compatible ones; the answer is None as soon as two qualify. What this
+    gives up: a node that shares only common words with the name and is a form of it only
+    through a misspelt word, or that lies beyond the cap.
+    """
     if type_ in NEVER_MERGED or not words:
         return None
-    candidates: set[str] = set()
-    for word in set(words):
-        candidates |= index.get(word, set())
-    found = set()
-    for key in candidates:
+    distinct = sorted(set(words), key=lambda w: (len(index.get(w, ())), w))
+    postings = [index.get(w, {}) for w in distinct]
+    candidates: dict[str, None] = {}
+    normed = sorted(form_key(words))
+    if len(normed) <= MAX_SUBSET_WORDS:
+        for size in range(1, len(normed) + 1):
+            for subset in combinations(normed, size):
+                candidates.update(dict.fromkeys(sorted(by_form.get(frozenset(subset), ()))))
+    rare = [p for p in postings if len(p) <= COMMON_WORD]
+    for posting in rare:
+        candidates.update(posting)
+    if not rare and postings:
+        candidates.update(dict.fromkeys(islice(postings[0], MAX_CHECKED)))
+    held = {key: sum(key in p for p in postings) for key in candidates}
+    found: set[str] = set()
+    checked = 0
+    for key in sorted(held, key=lambda k: (-held[k], k)):
         other = type_of(key)
         if not compatible(type_, other):
             continue
+        checked += 1
+        if checked > MAX_CHECKED:
+            break
         fuzzy = "concept" not in (type_, other)
         if any(is_form_of(words, f, fuzzy=fuzzy) or is_form_of(f, words, fuzzy=fuzzy)
                for f in forms(key)):
             found.add(key)
-    return found.pop() if len(found) == 1 else None
+            if len(found) > 1:
+                return None
+    return found.pop() if found else None

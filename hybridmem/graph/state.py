@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import TypeVar
 
 import networkx as nx
 
 from hybridmem.graph.fileformat import MAX_PREDICATE, refresh_edge
-from hybridmem.graph.resolve import better_name, resolve_by_tokens
+from hybridmem.graph.resolve import better_name, form_key, resolve_by_tokens
 from hybridmem.models import Extraction
 from hybridmem.text import entity_key, predicate_key, words
+
+K = TypeVar("K")
 
 __all__ = ["LOG_FILE", "MAX_NGRAM", "Stamp", "UserGraph", "edge_label", "stamp_of"]
 
@@ -59,8 +62,13 @@ class UserGraph:
     mem_nodes: dict[str, set[str]] = field(default_factory=dict)
     #: memory id -> the edges it supports; None until first asked for (see :attr:`mem_edges`)
     edge_index: dict[str, set[Edge]] | None = None
-    #: entity-key word -> node keys whose aliases hold it (for :mod:`hybridmem.graph.resolve`)
-    words: dict[str, set[str]] = field(default_factory=dict)
+    #: entity-key word -> node keys whose aliases hold it, in insertion order (for
+    #: :mod:`hybridmem.graph.resolve`)
+    words: dict[str, dict[str, None]] = field(default_factory=dict)
+    #: node key -> the canonical forms (entity keys) of its name and aliases
+    forms: dict[str, set[str]] = field(default_factory=dict)
+    #: :func:`~hybridmem.graph.resolve.form_key` of a canonical form -> node keys that have it
+    by_form: dict[frozenset[str], set[str]] = field(default_factory=dict)
     #: episodic links, derived from ``graph.graph["next"]`` (memory id -> the one written after it)
     prevs: dict[str, str] = field(default_factory=dict)
 
@@ -98,15 +106,26 @@ class UserGraph:
         self.mem_nodes.clear()
         self.edge_index = None
         self.words.clear()
+        self.forms.clear()
+        self.by_form.clear()
         self.prevs = {b: a for a, b in self.nexts.items()}
         for key, attrs in self.graph.nodes(data=True):
             for alias in {key, *attrs["aliases"]}:
-                canon = entity_key(alias)
-                self.aliases.setdefault(canon, set()).add(key)
-                for word in canon.split():
-                    self.words.setdefault(word, set()).add(key)
+                self._index_form(key, entity_key(alias))
             for mid in attrs["memory_ids"]:
                 self.mem_nodes.setdefault(mid, set()).add(key)
+
+    def _index_form(self, key: str, canon: str) -> None:
+        """Enter one canonical form of node ``key`` in the alias, word and form indexes."""
+        self.aliases.setdefault(canon, set()).add(key)
+        found = self.forms.setdefault(key, set())
+        if canon in found:
+            return
+        found.add(canon)
+        for word in canon.split():
+            self.words.setdefault(word, {})[key] = None
+        if canon:
+            self.by_form.setdefault(form_key(tuple(canon.split())), set()).add(key)
 
     def resolve(self, name: str, key: str | None = None) -> str | None:
         """The existing node a name or alias (or its canonical ``key``) refers to, or None."""
@@ -182,8 +201,8 @@ class UserGraph:
         :mod:`hybridmem.graph.resolve`)."""
         g = self.graph
         return resolve_by_tokens(
-            tuple(canon.split()), type_, self.words,
-            lambda key: [tuple(entity_key(a).split()) for a in {key, *g.nodes[key]["aliases"]}],
+            tuple(canon.split()), type_, self.words, self.by_form,
+            lambda key: [tuple(c.split()) for c in sorted(self.forms.get(key, ()))],
             lambda key: str(g.nodes[key]["type"]),
         )
 
@@ -237,9 +256,9 @@ class UserGraph:
             )
         attrs = g.nodes[key]
         attrs["aliases"].add(" ".join(name.split()))
-        self.aliases.setdefault(canon, set()).add(key)
-        for word in canon.split():
-            self.words.setdefault(word, set()).add(key)
+        if key == canon:  # a new node: its key is a form of its own
+            self._index_form(key, entity_key(key))
+        self._index_form(key, canon)
         if attrs["type"] == "thing" and type_ != "thing":
             attrs["type"] = type_  # a more specific type wins over the generic one
         attrs["last_seen"] = max(attrs["last_seen"] or seen, seen)
@@ -284,16 +303,25 @@ class UserGraph:
         """Remove a node and its entries in the alias and word indexes — what :meth:`index`
         would rebuild without it. Why not rebuild: :meth:`index` walks the whole graph (132 ms a
         forget at 10,000 memories), and every supersession and deletion removes memories."""
-        for alias in {key, *self.graph.nodes[key]["aliases"]}:
-            canon = entity_key(alias)
-            for table, keys in ((self.aliases, [canon]), (self.words, canon.split())):
-                for k in keys:
-                    found = table.get(k)
-                    if found is not None:
-                        found.discard(key)
-                        if not found:
-                            del table[k]
+        for canon in self.forms.pop(key, set()):
+            _discard(self.aliases, canon, key)
+            _discard(self.by_form, form_key(tuple(canon.split())), key)
+            for word in canon.split():
+                held = self.words.get(word)
+                if held is not None:
+                    held.pop(key, None)
+                    if not held:
+                        del self.words[word]
         self.graph.remove_node(key)
+
+
+def _discard(table: dict[K, set[str]], k: K, key: str) -> None:
+    """Drop ``key`` from ``table[k]``, and the entry when it empties."""
+    found = table.get(k)
+    if found is not None:
+        found.discard(key)
+        if not found:
+            del table[k]
 
 
 def edge_label(g: nx.DiGraph[str], u: str, v: str) -> str:
