@@ -1,12 +1,18 @@
 """The ``hybridmem`` command: a thin layer over the Memory class.
 
 Errors print one clear line on stderr and exit non-zero (1: the operation failed, 2: bad usage or
-a bad setting); ``--json`` prints machine-readable output.
+a bad setting); ``--json`` prints machine-readable output. Every command but ``demo`` opens its
+Memory the same way (:func:`_memory`: settings from the environment, ``--data-dir`` over them).
+
+- the everyday verbs: demo, add, import, search, context, chat, forget, export, stats, serve,
+  reextract, mcp;
+- the operator's commands, over every user of a data dir (or one): backup, restore, reembed.
+
+Reading an import file is :mod:`hybridmem.cli.importfile`'s.
 """
 
 from __future__ import annotations
 
-import csv
 import gc
 import json
 import sys
@@ -26,8 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem import HybridMemError, Hit, Settings, __version__
-from hybridmem.cli.admin import register as register_admin
-from hybridmem.models import AddRequest, to_request, validate_user_id
+from hybridmem.cli.importfile import ImportFileError, batches, read_bundle, read_rows
 
 if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
     from hybridmem import Memory
@@ -39,19 +44,30 @@ docs/configuration.md); --data-dir overrides HYBRIDMEM_DATA_DIR. Exit codes: 0 d
 operation failed, 2 bad usage or a bad setting."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, rich_markup_mode=None)
-out, err = Console(), Console(stderr=True)
+out = Console()
+err = Console(stderr=True)
 
 DataDirOpt = typer.Option(None, "--data-dir", help="Where memories live (HYBRIDMEM_DATA_DIR).")
 JsonOpt = typer.Option(False, "--json", help="Print JSON.")
-MinScoreOpt = typer.Option(None, min=0.0, help="Leave out hits scoring below this "
-                           "(default: HYBRIDMEM_MIN_SCORE).")
-AsOfOpt = typer.Option(None, formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
-                       help="The memory as it stood at this time (UTC).")
-#: Rows per add_many call of ``hybridmem import`` (one embedding batch each).
-IMPORT_CHUNK = 256
-MESSAGE_ROLES = {"user", "assistant", "system"}
+MinScoreOpt = typer.Option(
+    None, min=0.0, help="Leave out hits scoring below this (default: HYBRIDMEM_MIN_SCORE)."
+)
+AsOfOpt = typer.Option(
+    None,
+    formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+    help="The memory as it stood at this time (UTC).",
+)
+UserOpt = typer.Option(None, "--user", help="Only this user (default: every user).")
+
+#: Bounded commands run without the cyclic GC (:func:`main`): all they build lives until exit, and
+#: collections walking chromadb's import and the graph cost 0.3-0.6 s of a 2.2-2.7 s cold search.
+ONE_SHOT = frozenset({"search", "context", "add", "forget", "stats", "export"})
+
+SERVER_EXTRA = "pip install 'hybridmem[server]'"
+MCP_EXTRA = "pip install 'hybridmem[mcp]'"
 
 
+# -- how every command opens a Memory and fails ----------------------------------------------------
 def _fail(message: str, code: int = 1) -> typer.Exit:
     """Print ``error: message`` on stderr (no markup, no wrapping) and return the exit to raise."""
     err.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
@@ -59,7 +75,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _env_name(field: str) -> str:
-    """The environment variable that sets ``field`` (``openai_api_key`` is read as OPENAI_API_KEY)."""
+    """The environment variable that sets ``field`` (``openai_api_key``: OPENAI_API_KEY)."""
     return "OPENAI_API_KEY" if field == "openai_api_key" else f"HYBRIDMEM_{field.upper()}"
 
 
@@ -78,7 +94,9 @@ def _settings(**fields: Any) -> Settings:
 
 
 @contextmanager
-def _memory(data_dir: Optional[Path] = None, *, settings: Settings | None = None) -> Iterator[Memory]:
+def _memory(
+    data_dir: Optional[Path] = None, *, settings: Settings | None = None
+) -> Iterator[Memory]:
     """Open a Memory (environment settings, ``--data-dir`` over them); our errors in one line."""
     settings = settings if settings is not None else _settings(data_dir=data_dir)
     try:
@@ -91,27 +109,26 @@ def _memory(data_dir: Optional[Path] = None, *, settings: Settings | None = None
 
 
 def _version(value: bool) -> None:
+    """``--version``: print the version and stop before any command runs."""
     if value:
         print(f"hybridmem {__version__}")
         raise typer.Exit()
 
 
-#: Bounded commands run without the cyclic GC (:func:`main`): all they build lives until exit, and
-#: collections walking chromadb's import and the graph cost 0.3-0.6 s of a 2.2-2.7 s cold search.
-ONE_SHOT = frozenset({"search", "context", "add", "forget", "stats", "export"})
-
-
 @app.callback()
 def _main(
     ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
-    if ctx.invoked_subcommand not in ONE_SHOT:  # main() disabled it
+    # The garbage collector comes back on for every command but a ONE_SHOT one (main() disabled it).
+    if ctx.invoked_subcommand not in ONE_SHOT:
         gc.enable()
 
 
 def _hits_table(title: str, hits: list[Hit]) -> Table:
+    """Search hits as a table: score, memory text and why it was found."""
     table = Table(title=title, title_justify="left", show_lines=False, expand=True)
     table.add_column("score", justify="right", width=7)
     table.add_column("memory", ratio=3)
@@ -121,112 +138,7 @@ def _hits_table(title: str, hits: list[Hit]) -> Table:
     return table
 
 
-# -- reading files ---------------------------------------------------------------------------------
-class _Row:
-    """One line of an import file: where it came from, whose it is, and what to store."""
-
-    def __init__(self, where: str, user_id: str, memory: AddRequest | None,
-                 message: dict[str, str] | None) -> None:
-        self.where, self.user_id, self.memory, self.message = where, user_id, memory, message
-
-
-def _jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _fail(f"{path}:{number}: not JSON ({exc.msg})", code=2) from None
-            if not isinstance(value, dict):
-                raise _fail(
-                    f"{path}:{number}: expected a JSON object, got {type(value).__name__}", code=2)
-            yield number, value
-
-
-#: CSV columns that are fields of a memory or of a conversation turn; any other column is kept as
-#: a metadata key (a CSV has no nesting, so that is where an extra column belongs).
-_CSV_FIELDS = set(AddRequest.model_fields) | {"user_id", "role", "content"}
-
-
-def _csv_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        for row in reader:
-            number = reader.line_num
-            if None in row:  # more values than the header has columns
-                extra = row[None]
-                raise _fail(f"{path}:{number}: {len(extra)} value(s) beyond the header's "
-                            f"{len(reader.fieldnames or [])} columns", code=2)
-            fields: dict[str, Any] = {}
-            metadata: dict[str, Any] = {}
-            for key, value in row.items():
-                if value in (None, ""):
-                    continue
-                if key == "metadata":
-                    try:
-                        extra = json.loads(value)
-                    except json.JSONDecodeError:
-                        extra = None
-                    if not isinstance(extra, dict):
-                        raise _fail(f"{path}:{number}: the metadata column must hold a JSON "
-                                    "object", code=2)
-                    metadata.update(extra)
-                elif key in _CSV_FIELDS:
-                    fields[key] = value
-                else:
-                    metadata[key] = value
-            if metadata:
-                fields["metadata"] = metadata
-            yield number, fields
-
-
-def _rows(path: Path, default_user: str | None) -> list[_Row]:
-    """Every row of a JSONL or CSV file, validated before anything is stored: a bad row stops the
-    import with its line number, and nothing of the file has been written."""
-    objects = _csv_objects(path) if path.suffix.lower() == ".csv" else _jsonl_objects(path)
-    rows = []
-    for number, obj in objects:
-        where = f"{path}:{number}"
-        raw_user = obj.pop("user_id", None) or default_user
-        if raw_user is None:
-            raise _fail(f"{where}: no user_id; add one to the row or pass USER", code=2)
-        try:
-            user_id = validate_user_id(raw_user)
-        except HybridMemError as exc:
-            raise _fail(f"{where}: {exc}", code=2) from None
-        if "role" in obj or ("content" in obj and "text" not in obj):  # a conversation turn
-            unknown = set(obj) - {"role", "content"}
-            role, content = obj.get("role", "user"), obj.get("content")
-            if unknown or role not in MESSAGE_ROLES or not isinstance(content, str):
-                raise _fail(
-                    f"{where}: a turn is {{\"role\": \"user|assistant|system\", \"content\": "
-                    f"\"...\"}}" + (f"; unknown field(s) {sorted(unknown)}" if unknown else ""),
-                    code=2)
-            rows.append(_Row(where, user_id, None, {"role": role, "content": content}))
-        else:
-            try:
-                rows.append(_Row(where, user_id, to_request(obj), None))
-            except HybridMemError as exc:
-                raise _fail(f"{where}: {exc}", code=2) from None
-    return rows
-
-
-def _batches(rows: list[_Row]) -> Iterator[tuple[str, list[_Row]]]:
-    """Consecutive rows of one user and one kind (memories or turns), at most IMPORT_CHUNK each,
-    so each row is stored in file order under its own user."""
-    batch: list[_Row] = []
-    for row in rows:
-        if batch and (row.user_id != batch[0].user_id or (row.message is None) != (
-                batch[0].message is None) or len(batch) == IMPORT_CHUNK):
-            yield batch[0].user_id, batch
-            batch = []
-        batch.append(row)
-    if batch:
-        yield batch[0].user_id, batch
-
-
+# -- the demo's data and settings ------------------------------------------------------------------
 def _demo_files(data: Optional[Path]) -> tuple[str, str]:
     """The demo's memories.jsonl and demo_queries.json: from ``--data`` or the installed package."""
     if data is not None:
@@ -234,9 +146,11 @@ def _demo_files(data: Optional[Path]) -> tuple[str, str]:
         if not memories.is_file() or not queries.is_file():
             raise _fail(f"{data} has no memories.jsonl and demo_queries.json")
         return memories.read_text(encoding="utf-8"), queries.read_text(encoding="utf-8")
+
     shipped = resources.files("hybridmem") / "demo_data"
-    return ((shipped / "memories.jsonl").read_text(encoding="utf-8"),
-            (shipped / "demo_queries.json").read_text(encoding="utf-8"))
+    memories_text = (shipped / "memories.jsonl").read_text(encoding="utf-8")
+    queries_text = (shipped / "demo_queries.json").read_text(encoding="utf-8")
+    return memories_text, queries_text
 
 
 class _OfflineSettings(Settings):
@@ -255,11 +169,13 @@ class _OfflineSettings(Settings):
         return (init_settings,)
 
 
-OFFLINE = ("offline: local embedder, rule extractor, no endpoint; the demo reads no HYBRIDMEM_* "
-           "variable nor OPENAI_API_KEY")
+OFFLINE = (
+    "offline: local embedder, rule extractor, no endpoint; the demo reads no HYBRIDMEM_* "
+    "variable nor OPENAI_API_KEY"
+)
 
 
-# -- commands --------------------------------------------------------------------------------------
+# -- the everyday verbs ----------------------------------------------------------------------------
 @app.command()
 def demo(
     data: Optional[Path] = typer.Option(
@@ -287,8 +203,10 @@ def demo(
             for user_id, items in by_user.items():
                 mem.add_many(user_id, items)
             took = time.perf_counter() - started
-            results = [(q, mem.search(q["user_id"], q["query"], limit=3))
-                       for q in json.loads(queries)]
+
+            results = [
+                (q, mem.search(q["user_id"], q["query"], limit=3)) for q in json.loads(queries)
+            ]
             if as_json:
                 print(json.dumps([
                     {"user_id": q["user_id"], "query": q["query"],
@@ -296,16 +214,23 @@ def demo(
                     for q, hits in results
                 ], indent=2))
                 return
-            out.print(f"Loaded {len(rows)} memories of {len(by_user)} customers in {took:.1f}s "
-                      f"(embedder {mem.embedder.name}, extractor "
-                      f"{mem.extractor.name if mem.extractor else 'none'})", highlight=False)
+
+            extractor = mem.extractor.name if mem.extractor else "none"
+            out.print(
+                f"Loaded {len(rows)} memories of {len(by_user)} customers in {took:.1f}s "
+                f"(embedder {mem.embedder.name}, extractor {extractor})",
+                highlight=False,
+            )
             out.print(OFFLINE + "\n", highlight=False, markup=False)
             for q, hits in results:
                 out.print(_hits_table(f"{q['user_id']}: {q['query']}", hits))
+
             first = results[0][0]
             ctx = mem.context(first["user_id"], first["query"], max_tokens=200)
-            out.print(f"\n[bold]context for {first['user_id']!r}[/bold] "
-                      f"({ctx.tokens}/{ctx.max_tokens} tokens, {ctx.encoding}):")
+            out.print(
+                f"\n[bold]context for {first['user_id']!r}[/bold] "
+                f"({ctx.tokens}/{ctx.max_tokens} tokens, {ctx.encoding}):"
+            )
             out.print(ctx.text, highlight=False, markup=False)
 
 
@@ -343,36 +268,45 @@ def import_cmd(
     before anything is stored: a bad row stops the import with its line number."""
     if len(args) > 2:
         raise _fail("give at most USER and PATH", code=2)
-    default_user, path = (None, Path(args[0])) if len(args) == 1 else (args[0], Path(args[1]))
+    if len(args) == 1:
+        default_user, path = None, Path(args[0])
+    else:
+        default_user, path = args[0], Path(args[1])
     if not path.is_file():
         raise _fail(f"{path} is not a file", code=2)
+
     if path.suffix.lower() == ".json":
         try:
-            bundle = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _fail(f"{path}: not JSON ({exc})", code=2) from None
-        user = default_user or (bundle.get("user_id") if isinstance(bundle, dict) else None)
-        if not isinstance(user, str):
-            raise _fail(f"{path} names no user_id; pass USER", code=2)
+            user, bundle = read_bundle(path, default_user)
+        except ImportFileError as exc:
+            raise _fail(str(exc), code=2) from None
         with _memory(data_dir) as mem:
             count = mem.import_(user, bundle, overwrite=overwrite)
         out.print(f"imported {count} memories into {user}", highlight=False, markup=False)
         return
-    rows = _rows(path, default_user)
+
+    try:
+        rows = read_rows(path, default_user)
+    except ImportFileError as exc:
+        raise _fail(str(exc), code=2) from None
     from rich.progress import track
 
-    count, users = 0, []
+    count = 0
+    users: list[str] = []
     with _memory(data_dir) as mem:
-        batches = list(_batches(rows))
-        for user_id, batch in track(batches, description="importing", console=err):
+        for user_id, batch in track(list(batches(rows)), description="importing", console=err):
             if batch[0].message is not None:
                 count += len(mem.add_messages(user_id, [r.message for r in batch if r.message]))
             else:
                 count += len(mem.add_many(user_id, [r.memory for r in batch if r.memory]))
             if user_id not in users:
                 users.append(user_id)
-    where = users[0] if len(users) == 1 else f"{len(users)} users ({', '.join(users[:5])}" + (
-        ", ...)" if len(users) > 5 else ")")
+
+    if len(users) == 1:
+        where = users[0]
+    else:
+        more = ", ..." if len(users) > 5 else ""
+        where = f"{len(users)} users ({', '.join(users[:5])}{more})"
     out.print(f"imported {count} memories into {where}", highlight=False, markup=False)
 
 
@@ -412,9 +346,13 @@ def context(
     shares = dict(b.partition("=")[::2] for b in budget)
     if not all(v.strip().isdigit() for v in shares.values()):
         raise _fail("--budget takes SECTION=TOKENS, e.g. --budget facts=150", code=2)
+
     with _memory(data_dir) as mem:
-        ctx = mem.context(user_id, query, max_tokens=max_tokens, min_score=min_score,
-                          as_of=as_of, budgets={k.strip(): int(v) for k, v in shares.items()})
+        budgets = {k.strip(): int(v) for k, v in shares.items()}
+        ctx = mem.context(
+            user_id, query, max_tokens=max_tokens, min_score=min_score, as_of=as_of,
+            budgets=budgets,
+        )
         if as_json:
             print(ctx.model_dump_json(indent=2))
         else:
@@ -457,6 +395,7 @@ def forget(
                                  err=True):
                 err.print("nothing erased", highlight=False)
                 raise typer.Exit(code=1)
+
         removed = mem.forget(user_id, memory_id)
         out.print(f"removed {removed} memor{'y' if removed == 1 else 'ies'}")
 
@@ -491,6 +430,7 @@ def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = J
 
 
 def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is "localhost" or a loopback address (another name may resolve anywhere)."""
     import ipaddress
 
     if host.lower() == "localhost":
@@ -499,9 +439,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name other than localhost: it may resolve to anything
         return False
-
-
-SERVER_EXTRA = "pip install 'hybridmem[server]'"
 
 
 @app.command()
@@ -525,6 +462,7 @@ def serve(
         import uvicorn
     except ImportError:
         raise _fail(f"hybridmem serve needs the server extra: {SERVER_EXTRA}") from None
+
     settings = _settings(data_dir=data_dir)
     loopback = _is_loopback(host)
     if not settings.server_keys() and not loopback:
@@ -538,6 +476,7 @@ def serve(
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("hybridmem").addHandler(handler)
     logging.getLogger("hybridmem").setLevel(level)
+
     hosts = None if settings.server_allowed_hosts or loopback else ["*"]
     with _memory(settings=settings) as mem:
         # One worker: the embedded store belongs to this process; requests run in its threadpool.
@@ -553,9 +492,6 @@ def reextract(user_id: str, data_dir: Optional[Path] = DataDirOpt) -> None:
         count = mem.reextract(user_id)
         out.print(f"re-extracted {count} memor{'y' if count == 1 else 'ies'}", highlight=False,
                   markup=False)
-
-
-MCP_EXTRA = "pip install 'hybridmem[mcp]'"
 
 
 @app.command(name="mcp")
@@ -577,14 +513,71 @@ def mcp_command(
         from hybridmem.mcp import run
     except ImportError:
         raise _fail(f"hybridmem mcp needs the mcp extra: {MCP_EXTRA}") from None
+
     try:
         run(settings, user_id=user, transport=transport, port=port)
     except HybridMemError as exc:
-        raise _fail(f"{type(exc).__name__}: {exc}",
-                    code=2 if isinstance(exc, ValueError) else 1) from None
+        code = 2 if isinstance(exc, ValueError) else 1
+        raise _fail(f"{type(exc).__name__}: {exc}", code=code) from None
 
 
-register_admin(app, _memory, out, err)  # backup, restore, reembed (hybridmem.cli.admin)
+# -- the operator's commands: every user of a data dir, or one -------------------------------------
+@app.command()
+def backup(
+    dest: Path = typer.Argument(..., help="The backup folder; snapshots go inside it."),
+    user: Optional[str] = UserOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Snapshot every user (or one) into DEST while the store stays usable; keeps the newest
+    HYBRIDMEM_BACKUP_KEEP snapshots there (default 7)."""
+    with _memory(data_dir) as mem:
+        path = mem.backup(dest, user_id=user)
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    if as_json:
+        print(json.dumps({"snapshot": str(path), "users": manifest["users"]}, indent=2))
+    else:
+        count = sum(u["memories"] for u in manifest["users"])
+        out.print(f"{path}: {len(manifest['users'])} users, {count} memories",
+                  highlight=False, markup=False)
+
+
+@app.command()
+def restore(
+    source: Path = typer.Argument(
+        ..., help="A snapshot folder, or a backup folder (its newest snapshot)."),
+    user: Optional[str] = UserOpt,
+    replace: bool = typer.Option(
+        False, "--replace", help="Replace users who have memories here (they are erased "
+        "first); without it such users are refused."),
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Bring back the users of a snapshot (re-embedded with the configured embedder)."""
+    with _memory(data_dir) as mem:
+        count = mem.restore(source, user_id=user, replace=replace)
+    out.print(f"restored {count} memories", highlight=False, markup=False)
+
+
+@app.command()
+def reembed(
+    user: Optional[str] = UserOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Move memories to the configured embedder (HYBRIDMEM_EMBEDDER); safe to run again
+    after an interruption: it resumes where it stopped."""
+    from rich.progress import Progress
+
+    with Progress(console=err, transient=False) as bar, _memory(data_dir) as mem:
+        tasks: dict[str, int] = {}
+
+        def report(user_id: str, done: int, total: int) -> None:
+            if user_id not in tasks:
+                tasks[user_id] = int(bar.add_task(f"re-embedding {user_id}", total=total))
+            bar.update(tasks[user_id], completed=done)  # type: ignore[arg-type]
+
+        count = mem.reembed(user, progress=report)
+    out.print(f"re-embedded {count} memories with {mem.embedder.name}",
+              highlight=False, markup=False)
 
 
 def main() -> None:

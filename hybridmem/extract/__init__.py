@@ -1,7 +1,11 @@
 """Rule-based extraction: entities and relations from plain text, offline and deterministic.
 
-:class:`RuleExtractor` is the default ``Extractor`` seam; :mod:`~hybridmem.extract.concepts`
-finds the concept words the graph links on. Imports the ground floor only.
+:class:`RuleExtractor` is the default ``Extractor`` seam. Imports the ground floor only.
+
+- :mod:`~hybridmem.extract.rules` — :class:`RuleExtractor` and its relation rules.
+- :mod:`~hybridmem.extract.spans` — the entity spans of a sentence (dates, amounts, names).
+- :mod:`~hybridmem.extract.concepts` — the concept words the graph links on.
+- :mod:`~hybridmem.extract.lexicon` — the word lists, regular expressions and verb table.
 """
 
 from hybridmem.extract.rules import RuleExtractor
