@@ -76,6 +76,8 @@ def test_the_wheel_ships_the_demo_and_runs_it_from_any_directory(tmp_path: Path)
         metadata = archive.read(meta).decode()
     assert {f"hybridmem/demo_data/{n}" for n in DEMO_FILES} <= names
     assert "hybridmem/py.typed" in names
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "hybridmem").rglob("*.py")}
+    assert len(modules) > 60 and modules <= names, sorted(modules - names)  # every wing ships
     assert "Provides-Extra: server" in metadata and "Requires-Dist: fastapi" in metadata
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=300, capture_output=True)
