@@ -61,6 +61,7 @@ from hybridmem.graph.fileformat import (
     graph_from,
     node_link,
     read_ops,
+    refresh_edge,
     to_json_bytes,
     truncate,
 )
@@ -69,7 +70,7 @@ from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utc
 from hybridmem.runtime.files import atomic_write_bytes, user_dir, user_key, user_lock
 from hybridmem.runtime.locks import UserLocks
 
-__all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore"]
+__all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore", "graph_copy"]
 
 log = logging.getLogger(__name__)
 
@@ -502,6 +503,45 @@ class NetworkXGraphStore:
         """The user's graph as JSON-safe ``{"schema": 1, "graph": node-link}``."""
         with self._locked(user_id):
             return node_link(self._state(user_id).graph)
+
+    def graph(self, user_id: str, memory_ids: Sequence[str] | None = None) -> nx.DiGraph[str]:
+        """A deep copy of the user's graph, with the attributes the module docstring lists; with
+        ``memory_ids``, only what those memories support (see :func:`graph_copy`)."""
+        with self._locked(user_id):
+            return graph_copy(self._state(user_id).graph, memory_ids)
+
+
+def graph_copy(g: nx.DiGraph[str], memory_ids: Iterable[str] | None = None) -> nx.DiGraph[str]:
+    """A copy of ``g`` that shares no mutable value with it.
+
+    With ``memory_ids``, only what those memories support: an edge keeps their evidence
+    (``predicates``, ``memory_ids``, ``weight`` and ``confidence`` derived again) and goes when
+    none is left; a node keeps those of its memories (``mentions`` recounted) and goes when it
+    has none and no edge left; the episodic links (graph attribute ``next``) keep the pairs of
+    two of them. ``first_seen`` and ``last_seen`` are copied as they are."""
+    keep = None if memory_ids is None else set(memory_ids)
+    out: nx.DiGraph[str] = nx.DiGraph()
+    nexts = g.graph.get("next", {})
+    out.graph.update({k: v for k, v in g.graph.items() if k != "next"})
+    out.graph["next"] = {a: b for a, b in nexts.items()
+                         if keep is None or (a in keep and b in keep)}
+    edges: list[tuple[str, str, dict[str, Any]]] = []
+    for u, v, attrs in g.edges(data=True):
+        evidence = {p: {m: c for m, c in support.items() if keep is None or m in keep}
+                    for p, support in attrs["evidence"].items()}
+        evidence = {p: support for p, support in evidence.items() if support}
+        if evidence:
+            copied = {**attrs, "evidence": evidence}
+            refresh_edge(copied)
+            edges.append((u, v, copied))
+    ends = {n for u, v, _ in edges for n in (u, v)}
+    for key, attrs in g.nodes(data=True):
+        mids = set(attrs["memory_ids"]) if keep is None else attrs["memory_ids"] & keep
+        if keep is None or mids or key in ends:
+            out.add_node(key, **{**attrs, "aliases": set(attrs["aliases"]), "memory_ids": mids,
+                                 "mentions": len(mids)})
+    out.add_edges_from(edges)
+    return out
 
 
 def _entity(key: str, attrs: Mapping[str, Any]) -> GraphEntity:
