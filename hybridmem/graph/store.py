@@ -14,7 +14,9 @@ to the query's ("ROG laptop" <-complements- "Dell 4K monitor"). Each user's grap
   torn by a crash is dropped. Removing with ``erase=True`` (a forgotten memory) compacts at once,
   so no line of the log still carries what the memory said. A *load* that had to replay a log
   larger than a quarter of the snapshot folds it too, when the user's file lock is free at once
-  (it never waits), so the next process starts from the snapshot alone.
+  (it never waits), so the next process starts from the snapshot alone. A clean
+  :meth:`~NetworkXGraphStore.close` folds the log of every user the store wrote to, so after it
+  each such user's ``graph.json`` holds the whole graph.
 
 Nodes are keyed by :func:`hybridmem.text.entity_key`, so "ROG laptop", "the rog  Laptop" and
 "ROG Laptop." are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases``
@@ -133,6 +135,9 @@ class NetworkXGraphStore:
         #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
         self._users: OrderedDict[str, UserGraph] = OrderedDict()
         self._dirty: set[str] = set()
+        #: Users whose log this store appended to and has not folded since: user key -> user id.
+        #: :meth:`close` folds their logs into snapshots.
+        self._logged: dict[str, str] = {}
         #: True while this store is the data dir's only writer (the data-dir lock says so): a
         #: read then trusts the loaded graph instead of checking the files' stamps (two stat
         #: calls per read, ~1 ms each on a busy disk, 16 % of a context() at 10k memories).
@@ -275,6 +280,8 @@ class NetworkXGraphStore:
             return
         user_dir(self.data_dir, user_id)  # create the directory on first write
         st.log_bytes += append_op(st.log_path, op)
+        with self._lock:
+            self._logged[user_key(user_id)] = user_id
         if st.log_bytes > max(COMPACT_MIN_BYTES, st.snapshot_bytes):
             self._save(user_id, st)
         else:
@@ -290,7 +297,9 @@ class NetworkXGraphStore:
         truncate(st.log_path)
         st.snapshot_bytes, st.log_bytes = len(raw), 0
         st.stamp = st.stamps()
-        self._dirty.discard(user_key(user_id))
+        with self._lock:
+            self._dirty.discard(user_key(user_id))
+            self._logged.pop(user_key(user_id), None)
 
     def save(self, user_id: str) -> None:
         """Write the user's graph now (only needed with ``autosave=False``)."""
@@ -373,22 +382,49 @@ class NetworkXGraphStore:
             with self._lock:
                 self._users.pop(user_key(user_id), None)
                 self._dirty.discard(user_key(user_id))
+                self._logged.pop(user_key(user_id), None)
 
     def close(self) -> None:
-        """Save graphs left unsaved (``autosave=False``), forget the caches; idempotent."""
+        """Save graphs left unsaved (``autosave=False``) and fold the change log of every user
+        this store wrote to into a new snapshot, so the files hold a ``graph.json`` that
+        ``nx.node_link_graph`` reads whole; forget the caches; idempotent. A user that cannot be
+        saved is logged and skipped (its log keeps every change), and the others are still
+        saved."""
         with self._lock:
             if self._closed:
                 return
             unsaved = [self._users[key] for key in sorted(self._dirty)]
+            logged = [self._logged[key] for key in sorted(self._logged)]
         try:
             for st in unsaved:
                 with self._locked(st.user_id), self._file_lock(st.user_id):
                     self._save(st.user_id, st)
+            for user_id in logged:
+                try:
+                    self._fold_log(user_id)
+                except (OSError, StorageError) as exc:
+                    log.warning("graph of a user: the log was not folded at close (%s)", exc)
         finally:
             with self._lock:
                 self._closed = True
                 self._users.clear()
                 self._dirty.clear()
+                self._logged.clear()
+
+    def _fold_log(self, user_id: str) -> None:
+        """Fold the user's log into a new snapshot under the user's locks: the graph as the
+        files hold it now (re-read when another process changed them since, or when the
+        graph left the cache), written atomically, then the log emptied (see :meth:`_save`)."""
+        with self._locked(user_id), self._file_lock(user_id):
+            with self._lock:
+                st = self._users.get(user_key(user_id))
+            if st is None:
+                st = UserGraph(user_id, self._path(user_id))
+            if st.stamp is None or st.stamps() != st.stamp:
+                with gc_paused():
+                    self._read(st)
+            if st.log_bytes:
+                self._save(user_id, st)
 
     # ---------------------------------------------------------------- reads
 
