@@ -570,17 +570,18 @@ class Memory:
         Nodes are keyed by the entity's key (:attr:`GraphEntity.key`) and carry ``name`` (first
         surface form), ``type``, ``aliases`` (set of surface forms), ``mentions`` (how many
         memories mention it), ``memory_ids`` (set), ``first_seen`` and ``last_seen`` (aware UTC
-        datetimes: when a memory naming it was first and last written). An edge runs from subject to object and carries ``predicates`` (list),
-        ``evidence`` ({predicate: {memory id: confidence}}), ``memory_ids`` (set), ``weight``
-        (supporting memories) and ``confidence`` (the highest). The graph attribute ``next``
-        ({memory id: memory id}) holds the episodic links between memories written in order.
-        The graph holds what current memories say: a superseded or deleted memory's support is
-        gone from it.
+        datetimes: when a memory naming it was first and last written). An edge runs from
+        subject to object and carries ``predicates`` (list), ``evidence`` ({predicate: {memory
+        id: confidence}}), ``memory_ids`` (set), ``weight`` (supporting memories) and
+        ``confidence`` (the highest). The graph attribute ``next`` ({memory id: memory id})
+        holds the episodic links between memories written in order. The graph holds what
+        current memories say: a superseded or deleted memory's support is gone from it.
 
-        With ``as_of``, only what memories recorded by then (``created_at <= as_of``) support:
-        nodes and edges none of them supports are left out, and ``memory_ids``, ``mentions``,
-        ``evidence``, ``predicates``, ``weight`` and ``confidence`` count those memories only;
-        ``first_seen`` and ``last_seen`` stay the times of the whole graph."""
+        With ``as_of``, only what the memories recorded by then (``created_at <= as_of``)
+        support, among those the graph holds: nodes and edges none of them supports are left
+        out, and ``memory_ids``, ``mentions``, ``evidence``, ``predicates``, ``weight`` and
+        ``confidence`` count those memories only; ``first_seen`` and ``last_seen`` stay the
+        times of the whole graph. Before the first memory, the graph is empty."""
         self._check(user_id)
         when = validate_as_of(as_of)
         if when is None:

@@ -1,5 +1,6 @@
-"""``Memory.graph`` and ``hybridmem graph export``: the user's entity graph as a NetworkX DiGraph,
-in time (``as_of``) and in files NetworkX reads back; and the ``graph.json`` a clean close leaves."""
+"""``Memory.graph`` and ``hybridmem graph export``: the user's entity graph as a NetworkX
+DiGraph, in time (``as_of``) and in files NetworkX reads back; and the ``graph.json`` a clean
+close leaves."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.runtime.files import user_dir
 
 JAN = datetime(2026, 1, 10, tzinfo=timezone.utc)
-MAR = datetime(2026, 3, 10, tzinfo=timezone.utc)
 FEB = datetime(2026, 2, 1, tzinfo=timezone.utc)
+MAR = datetime(2026, 3, 10, tzinfo=timezone.utc)
 USER = "client_1"
 
 
