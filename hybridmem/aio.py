@@ -28,7 +28,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -58,6 +58,9 @@ from hybridmem.protocols import (
     TokenCounter,
     VectorStore,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["AsyncMemory"]
 
@@ -414,6 +417,10 @@ class AsyncMemory:
     ) -> builtins.list[str]:
         """How two entities are related (see :meth:`Memory.query_path`)."""
         return await self._run(partial(self._memory.query_path, user_id, a, b, max_depth=max_depth))
+
+    async def graph(self, user_id: str, *, as_of: datetime | None = None) -> nx.DiGraph[str]:
+        """A copy of the user's entity graph (see :meth:`Memory.graph`)."""
+        return await self._run(partial(self._memory.graph, user_id, as_of=as_of))
 
     async def stats(self, user_id: str) -> UserStats:
         """Counts for one user (see :meth:`Memory.stats`)."""

@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -42,7 +42,7 @@ from hybridmem.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from hybridmem.filters import all_of, eq, memory_filter
+from hybridmem.filters import all_of, as_of_filter, eq, memory_filter
 from hybridmem.models import (
     MAX_LIMIT,
     AddRequest,
@@ -79,6 +79,9 @@ from hybridmem.protocols import (
     VectorStore,
 )
 from hybridmem.read.retrieval import GRAPH_SEED_HITS
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Memory"]
 
@@ -559,6 +562,32 @@ class Memory:
         """How two entities are related in the user's graph (readable edges), [] when not."""
         self._check(user_id)
         return self._stores.graph.query_path(user_id, a, b, max_depth=max_depth)
+
+    def graph(self, user_id: str, *, as_of: datetime | None = None) -> nx.DiGraph[str]:
+        """A copy of the user's entity graph as a ``networkx.DiGraph`` (changing it changes
+        nothing stored), for analysis or drawing.
+
+        Nodes are keyed by the entity's key (:attr:`GraphEntity.key`) and carry ``name`` (first
+        surface form), ``type``, ``aliases`` (set of surface forms), ``mentions`` (how many
+        memories mention it), ``memory_ids`` (set), ``first_seen`` and ``last_seen`` (aware UTC
+        datetimes: when a memory naming it was first and last written). An edge runs from
+        subject to object and carries ``predicates`` (list), ``evidence`` ({predicate: {memory
+        id: confidence}}), ``memory_ids`` (set), ``weight`` (supporting memories) and
+        ``confidence`` (the highest). The graph attribute ``next`` ({memory id: memory id})
+        holds the episodic links between memories written in order. The graph holds what
+        current memories say: a superseded or deleted memory's support is gone from it.
+
+        With ``as_of``, only what the memories recorded by then (``created_at <= as_of``)
+        support, among those the graph holds: nodes and edges none of them supports are left
+        out, and ``memory_ids``, ``mentions``, ``evidence``, ``predicates``, ``weight`` and
+        ``confidence`` count those memories only; ``first_seen`` and ``last_seen`` stay the
+        times of the whole graph. Before the first memory, the graph is empty."""
+        self._check(user_id)
+        when = validate_as_of(as_of)
+        if when is None:
+            return self._stores.graph.graph(user_id)
+        recorded = self._stores.vectors.list(user_id, where=as_of_filter(when, valid_only=False))
+        return self._stores.graph.graph(user_id, [item.id for item in recorded])
 
     def stats(self, user_id: str) -> UserStats:
         """Counts for one user: memories (all and current), graph entities and relations."""

@@ -12,7 +12,7 @@ import builtins
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hybridmem.filters import Filter
 from hybridmem.models import (
@@ -23,6 +23,9 @@ from hybridmem.models import (
     MemoryItem,
     Usage,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "ChatMessage",
@@ -316,6 +319,13 @@ class GraphStore(Protocol):
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """A readable shortest path between two entities (names or aliases), [] when none."""
+        ...
+
+    def graph(
+        self, user_id: str, memory_ids: Sequence[str] | None = None
+    ) -> nx.DiGraph[str]:
+        """A copy of the user's graph (changing it changes nothing stored); with ``memory_ids``,
+        only what those memories support."""
         ...
 
     def export(self, user_id: str) -> dict[str, Any]:

@@ -133,6 +133,8 @@ async def test_round_trip_through_every_method(amem: AsyncMemory) -> None:
     assert stats.memories == 5 and stats.entities == len(await amem.entities("client_1"))
     assert isinstance(await amem.relations("client_1"), list)
     assert isinstance(await amem.query_path("client_1", "client_1", "ROG laptop"), list)
+    graph = await amem.graph("client_1")
+    assert set(graph.nodes) == {e.key for e in await amem.entities("client_1")}
     await amem.refresh("client_1")
     await amem.flush_access()
     assert await amem.prune("client_1") == []

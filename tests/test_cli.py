@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 from typer.testing import CliRunner
 
@@ -142,6 +143,14 @@ def test_demo_is_offline_whatever_the_environment_says(
     assert "offline: local embedder, rule extractor, no endpoint" in output
     queries = json.loads((ROOT / "hybridmem" / "demo_data" / "demo_queries.json").read_text(encoding="utf-8"))
     assert all(" ".join(q["query"].split()) in output for q in queries)
+    # every demo user's graph is whole in graph.json once the demo closed
+    folders = sorted((tmp_path / "demo" / "users").iterdir())
+    assert len(folders) == 5
+    for folder in folders:
+        data = json.loads((folder / "graph.json").read_text(encoding="utf-8"))
+        assert nx.node_link_graph(data["graph"], edges="edges").number_of_nodes() > 0
+        log = folder / "graph.log"
+        assert not log.exists() or log.stat().st_size == 0
 
 
 def test_help_is_a_real_process_that_loads_no_model() -> None:

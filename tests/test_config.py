@@ -105,6 +105,7 @@ MEMORY_METHODS = {
     "flush_access": "",
     "forget": "user_id memory_id",
     "get": "user_id memory_id",
+    "graph": "user_id *as_of",
     "history": "user_id memory_id",
     "import_": "user_id bundle *overwrite",
     "list": "user_id *category *where *limit *offset *include_superseded",

@@ -195,4 +195,5 @@ def test_memory_holds_its_stores_privately() -> None:
     from hybridmem import Memory
 
     public = {n for n in dir(Memory) if not n.startswith("_")}
-    assert not public & {"vectors", "lexical", "graph", "history_store", "weights"}
+    assert not public & {"vectors", "lexical", "history_store", "weights"}
+    assert callable(Memory.graph)  # a method that returns a copy, never the graph store

@@ -159,7 +159,7 @@ def test_embedder_mismatch_is_refused_with_advice(settings: Settings, embedder: 
     with Memory(settings, embedder=embedder) as first:
         first.add("u", "hello")
     with Memory(settings, embedder=HashEmbedder(384)) as second:
-        with pytest.raises(EmbedderMismatchError, match="re-embed"):
+        with pytest.raises(EmbedderMismatchError, match=r"Memory\.reembed .*hybridmem reembed"):
             second.search("u", "hello")
 
 

@@ -168,6 +168,25 @@ def test_readme_configuration_rows_agree_with_the_full_table() -> None:
         assert cells[:3] == full[field][:3], field  # env var, field and default agree
 
 
+def test_defaults_named_in_prose_are_the_code_s() -> None:
+    """A setting named in running text with its default ("`dedup_cosine` (0.68)", "(`w` 0.4")
+    shows the code's default, on every page and in the ranking module's docstring."""
+    from hybridmem import Settings
+    from hybridmem.read import ranking
+
+    fields = Settings.model_fields
+    texts = {**PAGES, "hybridmem/read/ranking.py": ranking.__doc__ or ""}
+    found = 0
+    for page, text in texts.items():
+        for m in re.finditer(r"`+(\w+)`+\s*\((-?\d+(?:\.\d+)?)|\(`+(\w+)`+\s+(-?\d+(?:\.\d+)?)",
+                             text):
+            name, value = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            if name in fields and isinstance(fields[name].default, (int, float)):
+                found += 1
+                assert float(value) == float(fields[name].default), (page, m.group(0))
+    assert found >= 8  # the pattern still finds what the pages say
+
+
 def test_the_default_comparison_can_fail() -> None:
     assert _shown_default("`0.68`", 0.68) and not _shown_default("`0.92`", 0.68)
     assert _shown_default("`true`", True) and not _shown_default("`false`", True)

@@ -187,7 +187,8 @@ class ChromaVectorStore:
                 f"the memories of {user_id!r} were embedded with {meta.get('embedder')!r} "
                 f"({meta.get('dimension')}-d) but {self._embedder_name!r} "
                 f"({self._dimension}-d) is configured; configure the original embedder, or "
-                "export the user, forget it and import the export to re-embed"
+                "move the memories to the configured one with Memory.reembed (the command "
+                "`hybridmem reembed`)"
             )
 
     # -- the record cache ------------------------------------------------------------------------

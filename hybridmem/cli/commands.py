@@ -6,6 +6,7 @@ Memory the same way (:func:`_memory`: settings from the environment, ``--data-di
 
 - the everyday verbs: demo, add, import, search, context, chat, forget, export, stats, serve,
   reextract, mcp;
+- ``graph export``: a user's entity graph as node-link JSON, GraphML or GEXF;
 - the operator's commands, over every user of a data dir (or one): backup, restore, reembed.
 
 Reading an import file is :mod:`hybridmem.cli.importfile`'s.
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -35,6 +37,8 @@ from hybridmem import HybridMemError, Hit, Settings, __version__
 from hybridmem.cli.importfile import ImportFileError, batches, read_bundle, read_rows
 
 if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
+    import networkx as nx
+
     from hybridmem import Memory
 
 HELP = """Long-term memory for LLM apps, from the command line.
@@ -44,6 +48,8 @@ docs/configuration.md); --data-dir overrides HYBRIDMEM_DATA_DIR. Exit codes: 0 d
 operation failed, 2 bad usage or a bad setting."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, rich_markup_mode=None)
+graph_app = typer.Typer(no_args_is_help=True, help="A user's entity graph.", rich_markup_mode=None)
+app.add_typer(graph_app, name="graph")
 out = Console()
 err = Console(stderr=True)
 
@@ -427,6 +433,86 @@ def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = J
         else:
             for key, value in data.model_dump().items():
                 out.print(f"{key}: {value}")
+
+
+class GraphFormat(str, Enum):
+    """The file formats of ``graph export``."""
+
+    node_link = "node-link"
+    graphml = "graphml"
+    gexf = "gexf"
+
+
+def _json_value(value: object) -> object:
+    """``json.dumps``'s fallback for the graph's values: sets as sorted lists, times as ISO."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _scalar(value: object) -> str | int | float | bool:
+    """A value GraphML and GEXF can hold: scalars as they are, a time as ISO 8601, anything
+    else (aliases, memory ids, evidence) as JSON text."""
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return json.dumps(value, default=_json_value, sort_keys=True, ensure_ascii=False)
+
+
+def _scalar_graph(graph: nx.DiGraph[str]) -> nx.DiGraph[str]:
+    """The graph with every attribute made a scalar (see :func:`_scalar`)."""
+    import networkx as nx
+
+    flat: nx.DiGraph[str] = nx.DiGraph()
+    flat.graph.update({k: _scalar(v) for k, v in graph.graph.items()})
+    flat.add_nodes_from((n, {k: _scalar(v) for k, v in a.items()})
+                        for n, a in graph.nodes(data=True))
+    flat.add_edges_from((u, v, {k: _scalar(x) for k, x in a.items()})
+                        for u, v, a in graph.edges(data=True))
+    return flat
+
+
+def _graph_bytes(graph: nx.DiGraph[str], fmt: GraphFormat) -> bytes:
+    """The graph in ``fmt``, written by NetworkX's own writers."""
+    import io
+
+    import networkx as nx
+
+    if fmt is GraphFormat.node_link:
+        data = nx.node_link_data(graph, edges="edges")
+        text = json.dumps(data, default=_json_value, indent=2, ensure_ascii=False)
+        return (text + "\n").encode("utf-8")
+    buffer = io.BytesIO()
+    if fmt is GraphFormat.graphml:
+        nx.write_graphml(_scalar_graph(graph), buffer, encoding="utf-8")
+    else:
+        nx.write_gexf(_scalar_graph(graph), buffer, encoding="utf-8")
+    return buffer.getvalue()
+
+
+@graph_app.command(name="export")
+def graph_export(
+    user_id: str,
+    fmt: GraphFormat = typer.Option(GraphFormat.node_link, "--format", "-f",
+                                    help="node-link (JSON), graphml or gexf."),
+    output: Optional[Path] = typer.Option(None, "-o", "--out", help="File (default: stdout)."),
+    as_of: Optional[datetime] = AsOfOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+) -> None:
+    """Export a user's entity graph: node-link JSON (nx.node_link_graph reads it back),
+    GraphML or GEXF. In GraphML and GEXF, sets and the evidence are JSON text and times ISO
+    8601 (those formats hold scalars only)."""
+    with _memory(data_dir) as mem:
+        raw = _graph_bytes(mem.graph(user_id, as_of=as_of), fmt)
+    if output is None:
+        print(raw.decode("utf-8"), end="")
+    else:  # a temporary file beside it, then a rename: never a half-written export
+        tmp = output.with_name(f".{output.name}.tmp")
+        tmp.write_bytes(raw)
+        tmp.replace(output)
 
 
 def _is_loopback(host: str) -> bool:

@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
 from hybridmem.runtime.locks import UserLocks
@@ -540,6 +541,9 @@ class NamedGraph:
 
     def export(self, user_id: str) -> dict[str, Any]:
         return self.inner.export(user_id)
+
+    def graph(self, user_id: str, memory_ids: Sequence[str] | None = None) -> nx.DiGraph[str]:
+        return self.inner.graph(user_id, memory_ids)
 
     def refresh(self, user_id: str) -> None:
         self.inner.refresh(user_id)

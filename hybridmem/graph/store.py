@@ -14,7 +14,9 @@ to the query's ("ROG laptop" <-complements- "Dell 4K monitor"). Each user's grap
   torn by a crash is dropped. Removing with ``erase=True`` (a forgotten memory) compacts at once,
   so no line of the log still carries what the memory said. A *load* that had to replay a log
   larger than a quarter of the snapshot folds it too, when the user's file lock is free at once
-  (it never waits), so the next process starts from the snapshot alone.
+  (it never waits), so the next process starts from the snapshot alone. A clean
+  :meth:`~NetworkXGraphStore.close` folds the log of every user the store wrote to, so after it
+  each such user's ``graph.json`` holds the whole graph.
 
 Nodes are keyed by :func:`hybridmem.text.entity_key`, so "ROG laptop", "the rog  Laptop" and
 "ROG Laptop." are one node. Node attributes: ``name`` (first surface form), ``type``, ``aliases``
@@ -61,6 +63,7 @@ from hybridmem.graph.fileformat import (
     graph_from,
     node_link,
     read_ops,
+    refresh_edge,
     to_json_bytes,
     truncate,
 )
@@ -69,7 +72,7 @@ from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utc
 from hybridmem.runtime.files import atomic_write_bytes, user_dir, user_key, user_lock
 from hybridmem.runtime.locks import UserLocks
 
-__all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore"]
+__all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore", "graph_copy"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +135,9 @@ class NetworkXGraphStore:
         #: Loaded graphs, least recently used first; at most ``max_open`` (saved ones are dropped).
         self._users: OrderedDict[str, UserGraph] = OrderedDict()
         self._dirty: set[str] = set()
+        #: Users whose log this store appended to and has not folded since: user key -> user id.
+        #: :meth:`close` folds their logs into snapshots.
+        self._logged: dict[str, str] = {}
         #: True while this store is the data dir's only writer (the data-dir lock says so): a
         #: read then trusts the loaded graph instead of checking the files' stamps (two stat
         #: calls per read, ~1 ms each on a busy disk, 16 % of a context() at 10k memories).
@@ -274,6 +280,8 @@ class NetworkXGraphStore:
             return
         user_dir(self.data_dir, user_id)  # create the directory on first write
         st.log_bytes += append_op(st.log_path, op)
+        with self._lock:
+            self._logged[user_key(user_id)] = user_id
         if st.log_bytes > max(COMPACT_MIN_BYTES, st.snapshot_bytes):
             self._save(user_id, st)
         else:
@@ -289,7 +297,9 @@ class NetworkXGraphStore:
         truncate(st.log_path)
         st.snapshot_bytes, st.log_bytes = len(raw), 0
         st.stamp = st.stamps()
-        self._dirty.discard(user_key(user_id))
+        with self._lock:
+            self._dirty.discard(user_key(user_id))
+            self._logged.pop(user_key(user_id), None)
 
     def save(self, user_id: str) -> None:
         """Write the user's graph now (only needed with ``autosave=False``)."""
@@ -372,22 +382,49 @@ class NetworkXGraphStore:
             with self._lock:
                 self._users.pop(user_key(user_id), None)
                 self._dirty.discard(user_key(user_id))
+                self._logged.pop(user_key(user_id), None)
 
     def close(self) -> None:
-        """Save graphs left unsaved (``autosave=False``), forget the caches; idempotent."""
+        """Save graphs left unsaved (``autosave=False``) and fold the change log of every user
+        this store wrote to into a new snapshot, so the files hold a ``graph.json`` that
+        ``nx.node_link_graph`` reads whole; forget the caches; idempotent. A user that cannot be
+        saved is logged and skipped (its log keeps every change), and the others are still
+        saved."""
         with self._lock:
             if self._closed:
                 return
             unsaved = [self._users[key] for key in sorted(self._dirty)]
+            logged = [self._logged[key] for key in sorted(self._logged)]
         try:
             for st in unsaved:
                 with self._locked(st.user_id), self._file_lock(st.user_id):
                     self._save(st.user_id, st)
+            for user_id in logged:
+                try:
+                    self._fold_log(user_id)
+                except (OSError, StorageError) as exc:
+                    log.warning("graph of a user: the log was not folded at close (%s)", exc)
         finally:
             with self._lock:
                 self._closed = True
                 self._users.clear()
                 self._dirty.clear()
+                self._logged.clear()
+
+    def _fold_log(self, user_id: str) -> None:
+        """Fold the user's log into a new snapshot under the user's locks: the graph as the
+        files hold it now (re-read when another process changed them since, or when the
+        graph left the cache), written atomically, then the log emptied (see :meth:`_save`)."""
+        with self._locked(user_id), self._file_lock(user_id):
+            with self._lock:
+                st = self._users.get(user_key(user_id))
+            if st is None:
+                st = UserGraph(user_id, self._path(user_id))
+            if st.stamp is None or st.stamps() != st.stamp:
+                with gc_paused():
+                    self._read(st)
+            if st.log_bytes:
+                self._save(user_id, st)
 
     # ---------------------------------------------------------------- reads
 
@@ -502,6 +539,45 @@ class NetworkXGraphStore:
         """The user's graph as JSON-safe ``{"schema": 1, "graph": node-link}``."""
         with self._locked(user_id):
             return node_link(self._state(user_id).graph)
+
+    def graph(self, user_id: str, memory_ids: Sequence[str] | None = None) -> nx.DiGraph[str]:
+        """A deep copy of the user's graph, with the attributes the module docstring lists; with
+        ``memory_ids``, only what those memories support (see :func:`graph_copy`)."""
+        with self._locked(user_id):
+            return graph_copy(self._state(user_id).graph, memory_ids)
+
+
+def graph_copy(g: nx.DiGraph[str], memory_ids: Iterable[str] | None = None) -> nx.DiGraph[str]:
+    """A copy of ``g`` that shares no mutable value with it.
+
+    With ``memory_ids``, only what those memories support: an edge keeps their evidence
+    (``predicates``, ``memory_ids``, ``weight`` and ``confidence`` derived again) and goes when
+    none is left; a node keeps those of its memories (``mentions`` recounted) and goes when it
+    has none and no edge left; the episodic links (graph attribute ``next``) keep the pairs of
+    two of them. ``first_seen`` and ``last_seen`` are copied as they are."""
+    keep = None if memory_ids is None else set(memory_ids)
+    out: nx.DiGraph[str] = nx.DiGraph()
+    nexts = g.graph.get("next", {})
+    out.graph.update({k: v for k, v in g.graph.items() if k != "next"})
+    out.graph["next"] = {a: b for a, b in nexts.items()
+                         if keep is None or (a in keep and b in keep)}
+    edges: list[tuple[str, str, dict[str, Any]]] = []
+    for u, v, attrs in g.edges(data=True):
+        evidence = {p: {m: c for m, c in support.items() if keep is None or m in keep}
+                    for p, support in attrs["evidence"].items()}
+        evidence = {p: support for p, support in evidence.items() if support}
+        if evidence:
+            copied = {**attrs, "evidence": evidence}
+            refresh_edge(copied)
+            edges.append((u, v, copied))
+    ends = {n for u, v, _ in edges for n in (u, v)}
+    for key, attrs in g.nodes(data=True):
+        mids = set(attrs["memory_ids"]) if keep is None else attrs["memory_ids"] & keep
+        if keep is None or mids or key in ends:
+            out.add_node(key, **{**attrs, "aliases": set(attrs["aliases"]), "memory_ids": mids,
+                                 "mentions": len(mids)})
+    out.add_edges_from(edges)
+    return out
 
 
 def _entity(key: str, attrs: Mapping[str, Any]) -> GraphEntity:

@@ -34,11 +34,11 @@ weighted fusion beats RRF (R@10 .663 / MRR .492 against .592 / .426 without a gr
 activation, ``w_g = 1`` measured best among 0.2 / 0.5 / 1 / 2 on two dev conversations (R@10 .673
 -> .723, R@2000tok .845 -> .890, MRR .479 -> .490); 2 raised R@20 but cost MRR (.430). Almost all
 of the gain comes from episodic links: a turn next to a strong hit (the answer after a question).
-Query focus (0.4) and the topic signal (0.45 when switched on; multi-hop R@10 .465 -> .504 on all
-five dev conversations) are what the graph adds for questions about one person. Topic is off by
-default: a search embeds the node names it has not seen (672 names, ~1.7 s, on a user's first
-search at 10k memories), until name vectors are computed at write time and kept. Recency decay is off: LoCoMo questions ask about any point of a long history, and decay lowered
-MRR there.
+Query focus (``graph_focus`` 0.4) and the topic signal (``graph_topic`` 0.45; multi-hop R@10
+.465 -> .504 on all five dev conversations) are what the graph adds for questions about one
+person. Both are on by default; the topic signal's node names are embedded when they are written
+(:mod:`hybridmem.graph.name_vectors`), never in a search. Recency decay is off: LoCoMo questions
+ask about any point of a long history, and decay lowered MRR there.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from hybridmem.models import (
 from hybridmem.replica.sync import BATCH, ServerCache, UserSync, chunks
 
 if TYPE_CHECKING:
+    import networkx as nx
     from chromadb.api import ClientAPI
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
@@ -288,6 +289,10 @@ class ChromaGraphStore(ServerCache):
     def export(self, user_id: str) -> dict[str, Any]:
         with self._sync(user_id).lock:
             return self._cache.export(user_id)
+
+    def graph(self, user_id: str, memory_ids: Sequence[str] | None = None) -> nx.DiGraph[str]:
+        with self._sync(user_id).lock:
+            return self._cache.graph(user_id, memory_ids)
 
 
 def _extractions_of(graph: dict[str, Any]) -> list[tuple[str, Extraction]]:
