@@ -1,4 +1,4 @@
-"""The operator's commands of ``hybridmem``: backup, restore and reembed.
+"""The operator's commands of ``hybridmem``: backup, restore, reembed and purge.
 
 Kept apart from :mod:`hybridmem.cli` (which stays within its size) and registered on its app by
 :func:`register`, with the CLI's own way to open a Memory and to fail, so every command behaves
@@ -27,7 +27,7 @@ UserOpt = typer.Option(None, "--user", help="Only this user (default: every user
 
 
 def register(app: typer.Typer, open_memory: OpenMemory, out: Console, err: Console) -> None:
-    """Add the backup, restore and reembed commands to ``app``."""
+    """Add the backup, restore, reembed and purge commands to ``app``."""
 
     @app.command()
     def backup(
@@ -83,3 +83,11 @@ def register(app: typer.Typer, open_memory: OpenMemory, out: Console, err: Conso
             count = mem.reembed(user, progress=report)
         out.print(f"re-embedded {count} memories with {mem.embedder.name}",
                   highlight=False, markup=False)
+
+    @app.command()
+    def purge(data_dir: Optional[Path] = DataDirOpt) -> None:
+        """Make every erasure physical now (forget, prune and update otherwise leave it to a
+        background compaction within HYBRIDMEM_PURGE_DELAY seconds)."""
+        with open_memory(data_dir) as mem:
+            mem.purge_now()
+        out.print("purged", highlight=False, markup=False)
