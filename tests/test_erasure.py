@@ -248,3 +248,13 @@ def test_a_failed_purge_stays_owed_and_is_retried(tmp_path: Path) -> None:
         assert len(calls) == 2
     finally:
         compactor.close()
+
+
+def test_two_memories_on_one_dir_purge_inside_the_call(tmp_path: Path) -> None:
+    """A second Memory of this process on the same dir makes Chroma calls a background purge of
+    the first would not wait for: then each erasure purges before it returns."""
+    settings = Settings(data_dir=tmp_path / "hm", purge_delay=3600)
+    with Memory(settings, embedder=HashEmbedder(64)) as first, \
+            Memory(settings, embedder=HashEmbedder(64)) as second:
+        first.forget("u", first.add("u", "My safe code is Qt5150k3.").id)
+        assert _holding(tmp_path, "qt5150k3") == [] and not second.stats("u").purge_pending

@@ -120,15 +120,18 @@ class Compactor:
     - The thread starts on first need and never runs after :meth:`close`, which waits for a
       purge in progress; the owner then runs what is owed itself (:meth:`run`).
     - A purge that fails is logged and tried again ``delay`` seconds later (the marker stays).
-    - ``delay`` 0: the purge runs in the erasing call, when the erasure ends.
+    - ``delay`` 0, or ``defer()`` False: the purge runs in the erasing call, when the erasure
+      ends (the store passes whether it is the only one on its files in this process: another
+      store's Chroma calls would not wait for a purge of this one).
 
     Bound: an erasure is purged at most ``delay`` + one purge after it ends (plus the time a
     purge already running takes); at the latest by :meth:`close` and :meth:`run`, or at the next
     open after a crash.
     """
 
-    def __init__(self, purge: Callable[[], None], *, delay: float, marker: Path) -> None:
-        self._purge, self._delay, self._marker = purge, delay, marker
+    def __init__(self, purge: Callable[[], None], *, delay: float, marker: Path,
+                 defer: Callable[[], bool] | None = None) -> None:
+        self._purge, self._delay, self._marker, self._defer = purge, delay, marker, defer
         self._cond = threading.Condition()
         self._asked = 0  # erasures ended so far
         self._done = 0  # erasures the last successful purge covered
@@ -169,7 +172,7 @@ class Compactor:
                                                     name="hybridmem-compactor")
                     self._thread.start()
                 self._cond.notify_all()
-        if self._delay == 0:
+        if self._delay == 0 or (self._defer is not None and not self._defer()):
             self.run()
 
     def request(self) -> None:

@@ -125,7 +125,7 @@ class ChromaVectorStore:
         self._closed = False
         #: embedded: the purge of erased text, run in the background (see purge)
         self._compactor = None if path is None or url is not None else Compactor(
-            self._purge_files, delay=purge_delay, marker=path / MARKER)
+            self._purge_files, delay=purge_delay, marker=path / MARKER, defer=exclusive)
         self._vetting = None if path is None else Vetting(  # torn indexes: see _chromarepair
             Repair(path, reembed), self._handles, lock=self._user_lock.hold,
             drop_cached=self._drop_cached, cap=4 * max_open)
