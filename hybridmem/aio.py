@@ -378,6 +378,10 @@ class AsyncMemory:
         """Catch up with other processes' writes now (see :meth:`Memory.refresh`)."""
         await self._run(partial(self._memory.refresh, user_id))
 
+    async def purge_now(self) -> None:
+        """Make every erasure so far physical now (see :meth:`Memory.purge_now`)."""
+        await self._run(self._memory.purge_now)
+
     async def flush_access(self) -> None:
         """Write buffered access counts (see :meth:`Memory.flush_access`)."""
         await self._run(self._memory.flush_access)

@@ -106,6 +106,7 @@ def _open(
             exclusive=None if dir_lock is None else dir_lock.sole,
             # a torn index is rebuilt from Chroma's records with the configured embedder
             reembed=lambda texts: embed_checked(embedder, texts),
+            purge_delay=s.purge_delay,
         )
         vectors, client = chroma, chroma.client
     if lexical is None:

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
         description="Overwrite freed heap memory (glibc M_PERTURB) so erased text cannot reach "
         "embedded Chroma's index files; see hybridmem.runtime.process.scrub_freed_heap.",
     )
+    purge_delay: float = Field(
+        default=5.0, ge=0, le=3600,
+        description="Seconds within which a background compaction makes what forget, prune and "
+        "update erased physical in embedded Chroma's shared file, once for all erasures of that "
+        "time (0: in the erasing call); close() and purge_now() do it at once. See "
+        "docs/lifecycle.md, 'Erasure'.",
+    )
 
     # write policy (see hybridmem.write.policy)
     dedup: bool = Field(default=True, description="Merge identical and near-duplicate facts.")

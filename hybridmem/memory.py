@@ -384,6 +384,14 @@ class Memory:
             self._stores.drop_user(self.settings, user_id)
             return count
 
+    def purge_now(self) -> None:
+        """Make every erasure so far physical now, instead of within ``purge_delay`` seconds:
+        embedded Chroma's shared file is compacted before this returns (a rewrite of the whole
+        file; with a Chroma server, its operator compacts). See docs/lifecycle.md, 'Erasure'."""
+        if self._closed:
+            raise ClosedError("this Memory is closed; create a new one")
+        self._stores.vectors.purge()
+
     def prune(
         self,
         user_id: str,
@@ -590,13 +598,15 @@ class Memory:
         return self._stores.graph.graph(user_id, [item.id for item in recorded])
 
     def stats(self, user_id: str) -> UserStats:
-        """Counts for one user: memories (all and current), graph entities and relations."""
+        """Counts for one user: memories (all and current), graph entities and relations; and
+        whether an erasure in the data dir awaits its purge (see :meth:`purge_now`)."""
         self._check(user_id)
         current = self._stores.vectors.list(user_id, where=eq("current", True))
         return UserStats(
             user_id=user_id, memories=self._stores.vectors.count(user_id), current=len(current),
             entities=len(self._stores.graph.entities(user_id)),
             relations=len(self._stores.graph.relations(user_id)),
+            purge_pending=self._stores.vectors.purge_pending,
         )
 
     # -- chat --------------------------------------------------------------------------------------

@@ -382,6 +382,8 @@ class UserStats(_Model):
     current: int
     entities: int
     relations: int  # one per (edge, predicate)
+    #: an erasure in this data dir (any user's) awaits the background purge (see purge_delay)
+    purge_pending: bool = False
 
 
 class Usage(_Model):

@@ -211,8 +211,18 @@ class VectorStore(Protocol):
         ...
 
     def purge(self) -> None:
-        """Make deletions and replaced texts physical in files this process owns (a no-op where
-        the backend manages its own files, such as a Chroma server)."""
+        """Make deletions and replaced texts physical now in files this process owns (a no-op
+        where the backend manages its own files, such as a Chroma server)."""
+        ...
+
+    def request_purge(self) -> None:
+        """Make a replaced text physical within the store's purge delay (``delete`` and
+        ``drop_user`` ask for their own purge); a store may purge at once."""
+        ...
+
+    @property
+    def purge_pending(self) -> bool:
+        """Whether an erasure awaits its purge."""
         ...
 
     def close(self) -> None: ...

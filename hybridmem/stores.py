@@ -35,8 +35,9 @@ class Stores:
     leases: Leases | None = None
 
     def drop_user(self, settings: Settings, user_id: str) -> None:
-        """Erase everything of the user in every store, then the user's folder, then make the
-        deletions physical (embedded Chroma keeps deleted rows in free pages until VACUUM)."""
+        """Erase everything of the user in every store, then the user's folder (the vector
+        store makes its deletions physical within its purge delay: embedded Chroma keeps deleted
+        rows in free pages until VACUUM)."""
         self.vectors.drop_user(user_id)
         self.lexical.drop_user(user_id)
         self.graph.drop_user(user_id)
@@ -44,7 +45,6 @@ class Stores:
         if self.leases is not None:
             self.leases.drop_user(user_id)
         remove_tree(user_dir(settings.data_dir, user_id, create=False))
-        self.vectors.purge()
 
     def close(self) -> None:
         """Close every store, even if one fails; the first failure is raised at the end."""

@@ -50,7 +50,8 @@ def test_add_search_context_stats_json(cli: CliRunner) -> None:
     with Memory(Settings()) as mem:  # the same data dir and embedder, through the library
         entities, relations = mem.entities("client_1"), mem.relations("client_1")
     assert stats == {"user_id": "client_1", "memories": 2, "current": 2,
-                     "entities": len(entities), "relations": len(relations)}
+                     "entities": len(entities), "relations": len(relations),
+                     "purge_pending": False}
     assert stats["entities"] >= 3 and stats["relations"] >= 2  # client_1, ROG laptop, monitor
     plain = run(cli, "stats", "client_1")
     assert f"entities: {len(entities)}" in plain

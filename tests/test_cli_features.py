@@ -1,5 +1,5 @@
-"""The CLI faces of min_score, as_of, budgets and procedures (and, below, backups and
-re-embedding): real commands on a real data dir through Typer's runner."""
+"""The CLI faces of min_score, as_of, budgets and procedures (and, below, backups,
+re-embedding and the purge): real commands on a real data dir through Typer's runner."""
 
 from __future__ import annotations
 
@@ -58,3 +58,15 @@ def test_backup_restore_and_reembed_commands(
     assert "re-embedding u1" in done and "re-embedded 2 memories with all-MiniLM" in done
     hits = json.loads(run(cli, "search", "u1", "which computer?", "--json", *fresh))
     assert hits[0]["item"]["text"] == "I bought a ROG laptop."
+
+
+def test_purge_makes_erasures_physical_now(cli: CliRunner, tmp_path: Path) -> None:
+    from hybridmem import Memory, Settings
+
+    with Memory(Settings(data_dir=tmp_path / "hm", embedder="hash", purge_delay=3600)) as mem:
+        mem.forget("u1", mem.add("u1", "My safe code is Qp6620k3.").id)
+        # the marker of a purge still owed, as a crash would leave it
+        left = (tmp_path / "hm" / "chroma" / "purge.pending").read_bytes()
+    (tmp_path / "hm" / "chroma" / "purge.pending").write_bytes(left)
+    assert "purged" in run(cli, "purge")
+    assert not (tmp_path / "hm" / "chroma" / "purge.pending").exists()

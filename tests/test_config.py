@@ -110,6 +110,7 @@ MEMORY_METHODS = {
     "import_": "user_id bundle *overwrite",
     "list": "user_id *category *where *limit *offset *include_superseded",
     "prune": "user_id *dry_run *min_importance *idle_days",
+    "purge_now": "",
     "query_path": "user_id a b *max_depth",
     "reembed": "user_id *progress",
     "reextract": "user_id",

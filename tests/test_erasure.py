@@ -1,11 +1,20 @@
-"""Physical erasure, store by store, on real files: the lexical index, lock files, and the history
-of a memory whose text was replaced. (The end-to-end property test is in test_lifecycle.)"""
+"""Physical erasure, store by store, on real files: the lexical index, lock files, the history
+of a memory whose text was replaced, and the purge of embedded Chroma's shared file (within the
+purge delay, coalesced, on close, and at the next open after a kill). (The end-to-end property
+test is in test_lifecycle.)"""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 from hybridmem import Memory, Settings
+from hybridmem.chroma.purge import MARKER, Compactor
+from hybridmem.errors import StorageError
 from hybridmem.runtime.files import LOCK_STRIPES, user_key, user_lock
 from hybridmem.sqlite.lexical import SqliteLexicalIndex
 from hybridmem.offline import HashEmbedder
@@ -82,7 +91,170 @@ def test_forgetting_erases_name_vectors_byte_for_byte(tmp_path: Path) -> None:
         with sqlite3.connect(path) as conn:
             left = {k for (k,) in conn.execute("SELECT key FROM names")}
         assert "qorvathel lodge" not in left and left
+        mem.purge_now()  # Chroma's shared file: else within purge_delay (tested below)
         assert _holding(tmp_path, "qorvathel") == []
         assert [p for p in tmp_path.rglob("*") if p.is_file() and vector in p.read_bytes()] == []
         mem.forget("u")
         assert not path.exists()
+
+
+# -- the purge of embedded Chroma's shared file: deferred, coalesced, durable ----------------------
+def _wait_purged(mem: Memory, user_id: str, within: float = 60.0) -> float:
+    """Seconds until no erasure awaits its purge (fails after ``within``)."""
+    start = time.monotonic()
+    while mem.stats(user_id).purge_pending:
+        assert time.monotonic() - start < within, "the purge never ran"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_forgotten_text_leaves_every_file_within_the_purge_delay(tmp_path: Path) -> None:
+    data = tmp_path / "hm"
+    with Memory(Settings(data_dir=data, purge_delay=0.3), embedder=HashEmbedder(64)) as mem:
+        secret = mem.add("u", "My safe code is Qx5512k3.")
+        mem.add("u", "I like green tea.")
+        mem.forget("u", secret.id)
+        assert mem.stats("u").purge_pending and (data / "chroma" / MARKER).exists()
+        assert _holding(tmp_path, "qx5512k3") == ["hm/chroma/chroma.sqlite3"]  # not yet
+        _wait_purged(mem, "u")
+        assert _holding(tmp_path, "qx5512k3") == []  # while the Memory stays open
+        assert not (data / "chroma" / MARKER).exists()
+        assert [h.item.text for h in mem.search("u", "tea")] == ["I like green tea."]
+
+
+def test_close_purges_what_is_pending(tmp_path: Path) -> None:
+    data = tmp_path / "hm"
+    with Memory(Settings(data_dir=data, purge_delay=3600), embedder=HashEmbedder(64)) as mem:
+        secret = mem.add("u", "My safe code is Qx7781k3.")
+        mem.update("u", mem.add("u", "My bike lock is Qb4410k3.").id, text="My bike lock changed.")
+        mem.add("v", "Order Qz9001k3 arrived.")
+        mem.forget("u", secret.id)
+        mem.forget("v")
+        assert mem.stats("u").purge_pending
+        assert _holding(tmp_path, "qx7781k3") and _holding(tmp_path, "qb4410k3")
+    for needle in ("qx7781k3", "qb4410k3", "qz9001k3"):
+        assert _holding(tmp_path, needle) == [], needle
+    assert not (data / "chroma" / MARKER).exists()
+
+
+def test_purge_now_is_physical_before_it_returns(tmp_path: Path) -> None:
+    with Memory(Settings(data_dir=tmp_path / "hm", purge_delay=3600),
+                embedder=HashEmbedder(64)) as mem:
+        mem.forget("u", mem.add("u", "My safe code is Qx3310k3.").id)
+        assert _holding(tmp_path, "qx3310k3")
+        mem.purge_now()
+        assert _holding(tmp_path, "qx3310k3") == [] and not mem.stats("u").purge_pending
+
+
+KILLED_AFTER_FORGET = r"""
+import sys, time
+from hybridmem import Memory, Settings
+with Memory(Settings(data_dir=sys.argv[1], embedder="hash", purge_delay=3600)) as mem:
+    secret = mem.add("u", "My safe code is Qk8086k3.")
+    mem.add("u", "I like green tea.")
+    mem.forget("u", secret.id)
+    print("forgotten", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_process_killed_after_forget_is_purged_at_the_next_open(tmp_path: Path) -> None:
+    data = tmp_path / "hm"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_FORGET, str(data)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "forgotten"
+    finally:
+        proc.send_signal(signal.SIGKILL)  # before the purge: the delay is an hour
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert _holding(tmp_path, "qk8086k3") == ["hm/chroma/chroma.sqlite3"]  # the kill left it
+    assert (data / "chroma" / MARKER).exists()
+    with Memory(Settings(data_dir=data, embedder="hash")) as mem:
+        assert _holding(tmp_path, "qk8086k3") == []  # purged by the open itself
+        assert not (data / "chroma" / MARKER).exists() and not mem.stats("u").purge_pending
+        assert [i.text for i in mem.list("u")] == ["I like green tea."]
+
+
+def test_erasures_within_the_delay_coalesce_into_one_purge(tmp_path: Path) -> None:
+    runs: list[float] = []
+    compactor = Compactor(lambda: runs.append(time.monotonic()), delay=0.3,
+                          marker=tmp_path / MARKER)
+    try:
+        start = time.monotonic()
+        for _ in range(20):
+            compactor.request()
+        assert compactor.pending and (tmp_path / MARKER).exists()
+        while compactor.pending:
+            assert time.monotonic() - start < 30
+            time.sleep(0.01)
+        assert len(runs) == 1 and runs[0] - start >= 0.3
+        assert not (tmp_path / MARKER).exists()
+    finally:
+        compactor.close()
+
+
+def test_an_erasure_during_a_purge_gets_a_purge_of_its_own(tmp_path: Path) -> None:
+    started, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def slow() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            started.set()
+            release.wait(10)
+
+    compactor = Compactor(slow, delay=0.05, marker=tmp_path / MARKER)
+    try:
+        compactor.request()
+        assert started.wait(10)
+        compactor.request()  # ends while the first purge runs: that one may not cover it
+        release.set()
+        start = time.monotonic()
+        while compactor.pending:
+            assert time.monotonic() - start < 30
+            time.sleep(0.01)
+        assert len(runs) == 2
+    finally:
+        compactor.close()
+
+
+def test_the_compactor_never_runs_after_close(tmp_path: Path) -> None:
+    runs: list[int] = []
+    compactor = Compactor(lambda: runs.append(1), delay=0.2, marker=tmp_path / MARKER)
+    compactor.request()
+    compactor.close()
+    time.sleep(0.4)
+    assert runs == [] and compactor.pending  # the owner runs what is owed itself
+    compactor.run()
+    assert runs == [1] and not compactor.pending and not (tmp_path / MARKER).exists()
+
+
+def test_a_failed_purge_stays_owed_and_is_retried(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StorageError("disk full")
+
+    compactor = Compactor(flaky, delay=0.05, marker=tmp_path / MARKER)
+    try:
+        compactor.request()
+        start = time.monotonic()
+        while compactor.pending:
+            assert time.monotonic() - start < 30
+            time.sleep(0.01)
+        assert len(calls) == 2
+    finally:
+        compactor.close()
+
+
+def test_two_memories_on_one_dir_purge_inside_the_call(tmp_path: Path) -> None:
+    """A second Memory of this process on the same dir makes Chroma calls a background purge of
+    the first would not wait for: then each erasure purges before it returns."""
+    settings = Settings(data_dir=tmp_path / "hm", purge_delay=3600)
+    with Memory(settings, embedder=HashEmbedder(64)) as first, \
+            Memory(settings, embedder=HashEmbedder(64)) as second:
+        first.forget("u", first.add("u", "My safe code is Qt5150k3.").id)
+        assert _holding(tmp_path, "qt5150k3") == [] and not second.stats("u").purge_pending

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -180,12 +181,14 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
     tmp_path_factory: pytest.TempPathFactory, sequence: list
 ) -> None:
     """25 random write / forget / update / forget-user sequences (the heap leak this guards
-    against showed up about once in 25 runs), then a byte scan of every file after close."""
+    against showed up about once in 25 runs), with background purges every 50 ms racing the
+    writes; then a byte scan of every file once no purge is pending (the Memory still open),
+    and again after close."""
     data_dir = tmp_path_factory.mktemp("erasure") / "hm"
     tokens: list[str] = []
     dropped: set[str] = set()
     erased: list[tuple[str, str, list[str]]] = []  # (user, memory id, tokens of the erased text)
-    with Memory(Settings(data_dir=data_dir), embedder=HashEmbedder(64)) as mem:
+    with Memory(Settings(data_dir=data_dir, purge_delay=0.05), embedder=HashEmbedder(64)) as mem:
         for n, user in enumerate(ERASURE_USERS[:2]):  # a first memory each
             mem.add(user, f"Background note {_token(900 + n)} about shipping.")
             tokens.append(_token(900 + n))
@@ -216,11 +219,16 @@ def test_what_the_api_no_longer_shows_is_in_no_file(
                 shown = json.dumps([e.model_dump(mode="json") for e in mem.history(user, memory_id)])
                 assert not [t for t in old if t in shown.lower()], (sequence, memory_id, old)
         visible = json.dumps([mem.export(u) for u in ERASURE_USERS if u not in dropped]).lower()
-    gone = [t for t in tokens if t.lower() not in visible]
-    from hybridmem.runtime.files import user_key
+        gone = [t for t in tokens if t.lower() not in visible]
+        from hybridmem.runtime.files import user_key
 
-    needles = [t.encode() for t in gone]
-    needles += [x.encode() for u in dropped for x in (u, user_key(u))]
+        needles = [t.encode() for t in gone]
+        needles += [x.encode() for u in dropped for x in (u, user_key(u))]
+        start = time.monotonic()  # the bound: the delay and one purge
+        while mem.stats(ERASURE_USERS[0]).purge_pending:
+            assert time.monotonic() - start < 60, "the purge never ran"
+            time.sleep(0.02)
+        assert _scan(data_dir, needles) == [], (sequence, gone, sorted(dropped))
     assert _scan(data_dir, needles) == [], (sequence, gone, sorted(dropped))
 
 
@@ -229,7 +237,8 @@ def test_the_known_leak_is_caught_without_the_fix(tmp_path: Path) -> None:
     until :meth:`ChromaVectorStore.purge` (so the property test can fail)."""
     from hybridmem.chroma.vector import ChromaVectorStore
 
-    store = ChromaVectorStore(embedder_name="hash-64", dimension=64, path=tmp_path / "chroma")
+    store = ChromaVectorStore(embedder_name="hash-64", dimension=64, path=tmp_path / "chroma",
+                              purge_delay=3600)
     emb = HashEmbedder(64)
     from hybridmem.models import MemoryItem, new_id
 

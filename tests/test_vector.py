@@ -292,7 +292,7 @@ def test_embedder_mismatch_is_refused(store_factory: Factory, unique_user: str) 
     store = store_factory()
     put(store, [item(unique_user, "m", "x")])
     other = store_factory(name="other-model", dim=32)
-    with pytest.raises(EmbedderMismatchError, match="re-embed"):
+    with pytest.raises(EmbedderMismatchError, match="hybridmem reembed"):
         other.count(unique_user)
     with pytest.raises(EmbedderMismatchError):
         store_factory(dim=16).list(unique_user)

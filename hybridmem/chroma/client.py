@@ -326,6 +326,7 @@ class CollectionHandles:
         self._opened = 0
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a call in flight ends
 
     def __repr__(self) -> str:
         return f"CollectionHandles(cached={len(self._cache)})"
@@ -369,6 +370,7 @@ class CollectionHandles:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._idle.notify_all()
 
     @contextmanager
     def borrowed(self) -> Iterator[ClientAPI]:
@@ -381,6 +383,18 @@ class CollectionHandles:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._idle.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No call to Chroma while inside: waits for the calls in flight to end and holds new
+        ones (and :meth:`borrowed`) until it exits. For work on Chroma's files from outside
+        Chroma: a second SQLite connection in this process must not touch the file while
+        Chroma's own is in a transaction (POSIX locks are per process, so closing one copy of
+        the library's connection releases the locks of the other)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_flight == 0)
+            yield
 
     def _recycle_if_due(self) -> None:
         """Replace the client (call with the lock held) when it opened too many indexes."""

@@ -33,7 +33,7 @@ import builtins
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
@@ -47,7 +47,7 @@ from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
-from hybridmem.chroma.purge import purge_embedded
+from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
@@ -94,9 +94,15 @@ class ChromaVectorStore:
         background_load: bool = True,
         exclusive: Callable[[], bool] | None = None,
         reembed: Callable[[Sequence[str]], builtins.list[builtins.list[float]]] | None = None,
+        purge_delay: float = 0.0,
     ) -> None:
         if scrub_heap and url is None:
             scrub_freed_heap()
+        if path is not None and url is None and (path / MARKER).exists():
+            # a crash left erasures unpurged: purge them before Chroma opens its file
+            log.warning("purging erased memories a crash left in %s", path)
+            purge_embedded(path)
+            (path / MARKER).unlink()
         indexes = 2 * max_open  # each open user's main and archive collections
         client = _chroma.make_client(path=path, url=url, max_indexes=indexes)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
@@ -117,6 +123,9 @@ class ChromaVectorStore:
             background=background_load, exclusive=exclusive)
         self._lock = threading.Lock()
         self._closed = False
+        #: embedded: the purge of erased text, run in the background (see purge)
+        self._compactor = None if path is None or url is not None else Compactor(
+            self._purge_files, delay=purge_delay, marker=path / MARKER, defer=exclusive)
         self._vetting = None if path is None else Vetting(  # torn indexes: see _chromarepair
             Repair(path, reembed), self._handles, lock=self._user_lock.hold,
             drop_cached=self._drop_cached, cap=4 * max_open)
@@ -310,11 +319,12 @@ class ChromaVectorStore:
                   archive=not to_archive)
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
-        """Delete memories by id (unknown ids are ignored)."""
+        """Delete memories by id (unknown ids are ignored); their text is purged from the
+        embedded store's files within the purge delay (see :meth:`purge`)."""
         self._live()
         if not ids:
             return
-        with self._user_lock.hold(user_id), self._coherent(user_id):
+        with self._owed(), self._user_lock.hold(user_id), self._coherent(user_id):
             placed = self._placed(user_id, ids)
             for archive in (False, True):
                 doomed = [i for i in ids if archive in placed.get(i, {})]
@@ -326,9 +336,9 @@ class ChromaVectorStore:
                 cached.remove(ids)
 
     def drop_user(self, user_id: str) -> None:
-        """Delete both of the user's collections."""
+        """Delete both of the user's collections (purged as :meth:`delete` says)."""
         self._live()
-        with self._user_lock.hold(user_id):
+        with self._owed(), self._user_lock.hold(user_id):
             self._drop_cached(user_id)
             for kind in ("memories", "archive"):
                 self._handles.drop(_chroma.collection_name(user_id, kind), user_id=user_id,
@@ -544,7 +554,8 @@ class ChromaVectorStore:
     def users(self) -> builtins.list[str]:
         """Every user with a memory collection in this Chroma, sorted."""
         self._live()
-        return _chroma.stored_users(self._handles.client)
+        with self._handles.borrowed() as client:
+            return _chroma.stored_users(client)
 
     def reembed_user(
         self,
@@ -558,29 +569,60 @@ class ChromaVectorStore:
         """Move the user's collections to another embedder (see :mod:`hybridmem.chroma.reembed`);
         the caller holds the user's write lock."""
         self._live()
-        return reembed_user(self._handles.client, user_id, embedder=embedder,
-                            dimension=dimension, embed=embed, progress=progress)
+        with self._handles.borrowed() as client:
+            return reembed_user(client, user_id, embedder=embedder, dimension=dimension,
+                                embed=embed, progress=progress)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def purge(self) -> None:
-        """Make deletions and replaced texts physical in embedded mode (what and why:
+        """Make deletions and replaced texts physical now in embedded mode (what and why:
         :func:`hybridmem.chroma.purge.purge_embedded`); a Chroma server manages its own files, so there
         this does nothing (its operator must compact them). Cost: a rewrite of Chroma's SQLite
-        file, ~proportional to its size (see docs/lifecycle.md)."""
+        file, ~proportional to its size, every user's memories included (see docs/lifecycle.md).
+
+        Erasures do not wait for it: :meth:`delete` and :meth:`drop_user` (and
+        :meth:`request_purge`, for a replaced text) leave it to a background
+        :class:`~hybridmem.chroma.purge.Compactor`, within ``purge_delay`` seconds (0: at once),
+        once for every erasure of that delay; :meth:`close` runs what is owed, and a crash
+        leaves a marker that the next open purges."""
         self._live()
-        if self._path is None:
-            return
-        with self._lock:
+        if self._compactor is not None:
+            self._compactor.run()
+
+    def request_purge(self) -> None:
+        """Purge within the purge delay the text an upsert just replaced (see :meth:`purge`)."""
+        self._live()
+        if self._compactor is not None:
+            self._compactor.request()
+
+    @property
+    def purge_pending(self) -> bool:
+        """Whether an erasure awaits its purge (embedded; a Chroma server: never)."""
+        return self._compactor is not None and self._compactor.pending
+
+    def _owed(self) -> AbstractContextManager[None]:
+        return self._compactor.owed() if self._compactor is not None else nullcontext()
+
+    def _purge_files(self) -> None:
+        """The purge itself, with no call to Chroma in flight (Chroma's SQLite connection and
+        ours must not touch the file at once, see CollectionHandles.exclusive)."""
+        assert self._path is not None
+        with self._lock, self._handles.exclusive():
             purge_embedded(self._path)
 
     def close(self) -> None:
-        """Forget cached handles and release the client; idempotent."""
+        """Forget cached handles and release the client, then run a purge still owed;
+        idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if self._loading is not None:  # a load in flight uses the client: let it finish first
             self._loading.close()
+        if self._compactor is not None:  # its thread ends (after a purge in progress)
+            self._compactor.close()
         with self._lock:
             self._handles.clear()
             _chroma.close_client(self._handles.client)
+        if self._compactor is not None and self._compactor.pending:
+            self._compactor.run()  # with Chroma closed

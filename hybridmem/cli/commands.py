@@ -7,7 +7,7 @@ Memory the same way (:func:`_memory`: settings from the environment, ``--data-di
 - the everyday verbs: demo, add, import, search, context, chat, forget, export, stats, serve,
   reextract, mcp;
 - ``graph export``: a user's entity graph as node-link JSON, GraphML or GEXF;
-- the operator's commands, over every user of a data dir (or one): backup, restore, reembed.
+- the operator's commands, over every user of a data dir (or one): backup, restore, reembed, purge.
 
 Reading an import file is :mod:`hybridmem.cli.importfile`'s.
 """
@@ -664,6 +664,15 @@ def reembed(
         count = mem.reembed(user, progress=report)
     out.print(f"re-embedded {count} memories with {mem.embedder.name}",
               highlight=False, markup=False)
+
+
+@app.command()
+def purge(data_dir: Optional[Path] = DataDirOpt) -> None:
+    """Make every erasure physical now (forget, prune and update otherwise leave it to a
+    background compaction within HYBRIDMEM_PURGE_DELAY seconds)."""
+    with _memory(data_dir) as mem:
+        mem.purge_now()
+    out.print("purged", highlight=False, markup=False)
 
 
 def main() -> None:

@@ -171,6 +171,8 @@ def apply(stores: Stores, intent: Intent) -> None:
         s.lexical.add(user_id, written, [i.text for i in intent.written])
         if intent.rewritten:  # a caller's new text erases what the old one said
             s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
+            if intent.erase:  # owed before the journal is cleared: a crash replays this
+                s.vectors.request_purge()
         s.graph.add_extractions(
             user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
         )

@@ -205,9 +205,8 @@ class Writer:
         else:
             plan.touch(new, event)
         self.apply(user_id, plan, cause="update")
-        if new.text != old.text:  # the old text must leave no trace: history and Chroma's file
+        if new.text != old.text:  # the old text must leave no trace in the history either
             self._stores.history.scrub(user_id, [new.id])
-            self._stores.vectors.purge()
 
     def supersede(self, user_id: str, older: Sequence[MemoryItem], newer: MemoryItem,
                   *, cause: str) -> None:
@@ -218,12 +217,11 @@ class Writer:
         self.apply(user_id, plan, cause=cause)
 
     def delete(self, user_id: str, ids: Sequence[str], *, action: str, cause: str) -> None:
-        """Delete memories from every store, physically (see :meth:`VectorStore.purge`); their
-        history keeps the event, not the text."""
+        """Delete memories from every store, physically (the vector store's files within its
+        purge delay, see :meth:`VectorStore.purge`); their history keeps the event, not the text."""
         self._run(Intent(user_id=user_id, deleted=list(ids), events=[
             HistoryEvent(memory_id=i, action=action, cause=cause) for i in ids  # type: ignore[arg-type]
         ]))
-        self._stores.vectors.purge()
 
     def apply(self, user_id: str, plan: WritePlan, *, cause: str) -> None:
         """Write the plan through the journal: vectors first (the source of truth), then the
