@@ -176,6 +176,43 @@ def test_the_memory_message_fits_the_budget_of_the_request(proxy: Proxy, user: s
     assert proxy.turns(user) == []  # store: false
 
 
+def test_the_query_is_the_last_user_messages_text_parts(proxy: Proxy, user: str) -> None:
+    proxy.memory.add(user, "My passport expires in March 2031.")
+    proxy.memory.add(user, "My favourite tea is a smoky lapsang.")
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Which tea do I like?"},
+        {"role": "assistant", "content": "A smoky lapsang."},
+        {"role": "user", "content": [{"type": "text", "text": "When does my passport"},
+                                     {"type": "text", "text": "expire?"}]},
+    ]
+    proxy.openai().chat.completions.create(model="m", messages=messages, user=user)  # type: ignore[arg-type]
+    (sent,) = proxy.chats()
+    assert "March 2031" in memory_message(sent) and sent.messages[1:] == messages
+    eventually(lambda: len(proxy.turns(user)) == 2)
+    assert proxy.turns(user)[0] == "When does my passport\nexpire?"
+
+
+def test_the_store_chat_setting_turns_storing_off(
+    tmp_path: Path, embedder: LocalEmbedder, openai_server: OpenAIWireServer, user: str
+) -> None:
+    settings = settings_for(tmp_path / "hm", openai_server, store_chat=False)
+    with Memory(settings, embedder=embedder) as memory, serve(create_app(memory)) as url:
+        memory.add(user, "I collect vintage fountain pens.")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", user=user, messages=[{"role": "user", "content": "What do I collect?"}])
+        assert raw.headers["x-hybridmem-memory"].endswith("store=off")
+        assert "fountain pens" in openai_server.requests_to("chat")[0].text
+        time.sleep(0.3)
+        assert memory.list(user, where={"kind": "turn"}) == []
+        stored = client.chat.completions.with_raw_response.create(
+            model="m", user=user, messages=[{"role": "user", "content": "Remember: blue ink."}],
+            extra_body={"hybridmem": {"store": True}})
+        assert stored.headers["x-hybridmem-memory"].endswith("store=on")
+        eventually(lambda: len(memory.list(user, where={"kind": "turn"})) == 2)
+
+
 def test_fields_pass_through_and_the_hybridmem_field_does_not(proxy: Proxy, user: str) -> None:
     schema = {"name": "answer", "strict": True, "schema": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
