@@ -136,6 +136,7 @@ def test_the_header_names_the_user_over_the_body(proxy: Proxy, user: str) -> Non
 def test_without_a_user_the_request_passes_untouched_and_nothing_is_stored(
     proxy: Proxy
 ) -> None:
+    time.sleep(0.3)  # the stores of earlier tests are done
     before = proxy.stats.stored
     body = {"model": "gpt-4o-mini", "temperature": 0.3,
             "messages": [{"role": "user", "content": "Hello there"}]}
@@ -145,6 +146,15 @@ def test_without_a_user_the_request_passes_untouched_and_nothing_is_stored(
     assert proxy.chats()[0].body == body
     time.sleep(0.3)
     assert proxy.stats.stored == before
+
+
+def test_a_user_without_memories_gets_no_memory_message(proxy: Proxy, user: str) -> None:
+    messages = [{"role": "user", "content": "Hello, who am I?"}]
+    raw = proxy.openai().chat.completions.with_raw_response.create(
+        model="m", messages=messages, user=user)  # type: ignore[arg-type]
+    assert raw.headers["x-hybridmem-memory"] == "on; context_tokens=0; store=on"
+    assert proxy.chats()[0].messages == messages
+    eventually(lambda: len(proxy.turns(user)) == 2)
 
 
 def test_two_users_never_see_each_others_memory(proxy: Proxy) -> None:
@@ -266,6 +276,7 @@ def test_a_stream_the_upstream_cuts_ends_with_an_error_and_is_not_stored(
     proxy: Proxy, user: str
 ) -> None:
     proxy.wire.script(Reply.cut_stream(2, "one two three four five"))
+    time.sleep(0.3)  # the stores of earlier tests are done
     before = proxy.stats.stored
     stream = proxy.openai().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Count to five"}],
