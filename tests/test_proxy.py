@@ -1,6 +1,8 @@
 """The OpenAI-compatible routes (``/v1/chat/completions``, ``/v1/models``) over a real uvicorn, driven
 by the official ``openai`` client (sync and async), LangChain's ``ChatOpenAI`` and raw httpx, with
-the real OpenAI-wire server on 127.0.0.1 as the upstream endpoint."""
+the real OpenAI-wire server on 127.0.0.1 as the upstream endpoint. Every test uses users of its
+own, and waits for the service's stores with :meth:`OpenAIProxy.drain` before it asserts what was
+stored."""
 
 from __future__ import annotations
 
@@ -56,6 +58,10 @@ class Proxy:
     def stats(self) -> Any:
         return self.app.state.openai_proxy.stats
 
+    def drain(self) -> None:
+        """Return once every exchange answered so far is stored (or skipped, or failed)."""
+        assert self.app.state.openai_proxy.drain(timeout=30), "stores still pending after 30 s"
+
     def chats(self) -> list[RecordedRequest]:
         return self.wire.requests_to("chat")
 
@@ -91,6 +97,7 @@ def user() -> str:
 
 
 def eventually(check: Callable[[], bool], seconds: float = 10) -> None:
+    """Poll ``check`` until it holds, failing after ``seconds``."""
     deadline = time.monotonic() + seconds
     while not check():
         assert time.monotonic() < deadline, "not within the time"
@@ -118,7 +125,7 @@ def test_the_sync_client_gets_an_answer_with_the_users_memory(proxy: Proxy, user
     assert sent.messages[1:] == caller  # the caller's own messages, unchanged, after it
     assert sent.api_key == UPSTREAM_KEY and CLIENT_KEY not in json.dumps(sent.headers)
     assert sent.body["user"] == user
-    eventually(lambda: len(proxy.turns(user)) == 2)
+    proxy.drain()
     assert proxy.turns(user) == ["What is my locker code at the gym?",
                                  "ok: What is my locker code at the gym?"]
 
@@ -129,14 +136,14 @@ def test_the_header_names_the_user_over_the_body(proxy: Proxy, user: str) -> Non
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Which bike do I ride?"}],
         user="someone-else", extra_headers={"X-HybridMem-User": user})
     assert "Brompton" in memory_message(proxy.chats()[0])
-    eventually(lambda: len(proxy.turns(user)) == 2)
-    assert proxy.memory.count("someone-else") == 0
+    proxy.drain()
+    assert len(proxy.turns(user)) == 2 and proxy.memory.count("someone-else") == 0
 
 
 def test_without_a_user_the_request_passes_untouched_and_nothing_is_stored(
     proxy: Proxy
 ) -> None:
-    time.sleep(0.3)  # the stores of earlier tests are done
+    proxy.drain()  # the stores of earlier tests are done
     before = proxy.stats.stored
     body = {"model": "gpt-4o-mini", "temperature": 0.3,
             "messages": [{"role": "user", "content": "Hello there"}]}
@@ -144,7 +151,7 @@ def test_without_a_user_the_request_passes_untouched_and_nothing_is_stored(
         answer = c.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200 and answer.headers["x-hybridmem-memory"] == "off (no user)"
     assert proxy.chats()[0].body == body
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.stats.stored == before
 
 
@@ -154,7 +161,8 @@ def test_a_user_without_memories_gets_no_memory_message(proxy: Proxy, user: str)
         model="m", messages=messages, user=user)  # type: ignore[arg-type]
     assert raw.headers["x-hybridmem-memory"] == "on; context_tokens=0; store=on"
     assert proxy.chats()[0].messages == messages
-    eventually(lambda: len(proxy.turns(user)) == 2)
+    proxy.drain()
+    assert len(proxy.turns(user)) == 2
 
 
 def test_two_users_never_see_each_others_memory(proxy: Proxy) -> None:
@@ -168,7 +176,8 @@ def test_two_users_never_see_each_others_memory(proxy: Proxy) -> None:
     to_bob, to_alice = proxy.chats()
     assert "7-31-4159" not in to_bob.text and "blue door" in to_bob.text
     assert "7-31-4159" in to_alice.text and "blue door" not in to_alice.text
-    eventually(lambda: len(proxy.turns(bob)) == 2 and len(proxy.turns(alice)) == 2)
+    proxy.drain()
+    assert len(proxy.turns(bob)) == 2 and len(proxy.turns(alice)) == 2
     assert not any("7-31-4159" in m.text for m in proxy.memory.list(bob))
 
 
@@ -182,7 +191,7 @@ def test_the_memory_message_fits_the_budget_of_the_request(proxy: Proxy, user: s
             user=user, extra_body={"hybridmem": {"max_context_tokens": budget, "store": False}})
     small, large = (memory_message(r) for r in proxy.chats())
     assert proxy.memory.tokens.count(small) <= 60 < proxy.memory.tokens.count(large) <= 200
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.turns(user) == []  # store: false
 
 
@@ -199,7 +208,7 @@ def test_the_query_is_the_last_user_messages_text_parts(proxy: Proxy, user: str)
     proxy.openai().chat.completions.create(model="m", messages=messages, user=user)  # type: ignore[arg-type]
     (sent,) = proxy.chats()
     assert "March 2031" in memory_message(sent) and sent.messages[1:] == messages
-    eventually(lambda: len(proxy.turns(user)) == 2)
+    proxy.drain()
     assert proxy.turns(user)[0] == "When does my passport\nexpire?"
 
 
@@ -207,20 +216,23 @@ def test_the_store_chat_setting_turns_storing_off(
     tmp_path: Path, embedder: LocalEmbedder, openai_server: OpenAIWireServer, user: str
 ) -> None:
     settings = settings_for(tmp_path / "hm", openai_server, store_chat=False)
-    with Memory(settings, embedder=embedder) as memory, serve(create_app(memory)) as url:
-        memory.add(user, "I collect vintage fountain pens.")
-        client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0)
-        raw = client.chat.completions.with_raw_response.create(
-            model="m", user=user, messages=[{"role": "user", "content": "What do I collect?"}])
-        assert raw.headers["x-hybridmem-memory"].endswith("store=off")
-        assert "fountain pens" in openai_server.requests_to("chat")[0].text
-        time.sleep(0.3)
-        assert memory.list(user, where={"kind": "turn"}) == []
-        stored = client.chat.completions.with_raw_response.create(
-            model="m", user=user, messages=[{"role": "user", "content": "Remember: blue ink."}],
-            extra_body={"hybridmem": {"store": True}})
-        assert stored.headers["x-hybridmem-memory"].endswith("store=on")
-        eventually(lambda: len(memory.list(user, where={"kind": "turn"})) == 2)
+    with Memory(settings, embedder=embedder) as memory:
+        app = create_app(memory)
+        with serve(app) as url:
+            memory.add(user, "I collect vintage fountain pens.")
+            client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", user=user, messages=[{"role": "user", "content": "What do I collect?"}])
+            assert raw.headers["x-hybridmem-memory"].endswith("store=off")
+            assert "fountain pens" in openai_server.requests_to("chat")[0].text
+            assert app.state.openai_proxy.drain(timeout=30)
+            assert memory.list(user, where={"kind": "turn"}) == []
+            stored = client.chat.completions.with_raw_response.create(
+                model="m", user=user, messages=[{"role": "user", "content": "Remember: blue ink."}],
+                extra_body={"hybridmem": {"store": True}})
+            assert stored.headers["x-hybridmem-memory"].endswith("store=on")
+            assert app.state.openai_proxy.drain(timeout=30)
+            assert len(memory.list(user, where={"kind": "turn"})) == 2
 
 
 def test_fields_pass_through_and_the_hybridmem_field_does_not(proxy: Proxy, user: str) -> None:
@@ -268,7 +280,7 @@ def test_the_async_client_streams_and_the_exchange_is_stored(proxy: Proxy, user:
     assert usage is not None and usage.total_tokens > 0
     sent = proxy.chats()[0]
     assert sent.body["stream_options"] == {"include_usage": True} and "cello" in sent.text
-    eventually(lambda: len(proxy.turns(user)) == 2)
+    proxy.drain()
     assert proxy.turns(user)[1] == "You play the cello, in an orchestra."
 
 
@@ -276,7 +288,7 @@ def test_a_stream_the_upstream_cuts_ends_with_an_error_and_is_not_stored(
     proxy: Proxy, user: str
 ) -> None:
     proxy.wire.script(Reply.cut_stream(2, "one two three four five"))
-    time.sleep(0.3)  # the stores of earlier tests are done
+    proxy.drain()  # the stores of earlier tests are done
     before = proxy.stats.stored
     stream = proxy.openai().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Count to five"}],
@@ -286,7 +298,7 @@ def test_a_stream_the_upstream_cuts_ends_with_an_error_and_is_not_stored(
         for chunk in stream:
             pieces.append(chunk.choices[0].delta.content or "")
     assert "".join(pieces) == "one two "
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.turns(user) == [] and proxy.stats.stored == before
 
 
@@ -303,7 +315,7 @@ def test_a_client_that_hangs_up_cancels_the_upstream_stream(proxy: Proxy, user: 
                 break  # and hang up
     eventually(lambda: proxy.wire.streams_cut == 1, seconds=3)
     assert time.monotonic() - started < 3.5  # the whole stream would take over 4 s
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.turns(user) == []
 
 
@@ -341,7 +353,7 @@ def test_a_tool_loop_works_and_only_its_final_answer_is_stored(
         call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
         call_id, name, arguments = call.id, call.function.name, call.function.arguments  # type: ignore[union-attr]
     assert (name, json.loads(arguments)) == ("get_weather", {"city": "Lyon"})
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.turns(user) == []  # a reply that calls a tool is not an answer yet
     loop = [*question,
             {"role": "assistant", "content": None, "tool_calls": [
@@ -354,7 +366,7 @@ def test_a_tool_loop_works_and_only_its_final_answer_is_stored(
     first_sent, second_sent = proxy.chats()
     assert first_sent.body["tools"] == [WEATHER] and first_sent.body["tool_choice"] == "auto"
     assert second_sent.messages[1:] == loop and "Lyon" in memory_message(second_sent)
-    eventually(lambda: len(proxy.turns(user)) == 2)
+    proxy.drain()
     assert proxy.turns(user) == ["What is the weather where I live?",
                                  "It is sunny in Lyon today."]
 
@@ -371,7 +383,8 @@ def test_langchain_chat_openai_talks_to_the_service(proxy: Proxy, user: str) -> 
     assert "Biscuit" in memory_message(proxy.chats()[0])
     streamed = "".join(str(c.content) for c in llm.stream("And my dog's name again?"))
     assert streamed == "ok: And my dog's name again?"
-    eventually(lambda: len(proxy.turns(user)) == 4)
+    proxy.drain()
+    assert len(proxy.turns(user)) == 4
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -444,7 +457,7 @@ def test_upstream_errors_come_back_with_their_status_and_body(proxy: Proxy, user
     assert limited.value.response.headers["retry-after-ms"] == "10"
     with pytest.raises(openai.BadRequestError, match="'seed'"):
         client.chat.completions.create(model="m", messages=question, user=user, stream=True)  # type: ignore[arg-type]
-    time.sleep(0.3)
+    proxy.drain()
     assert proxy.turns(user) == []
 
 
@@ -488,8 +501,8 @@ def test_a_failure_to_store_is_counted_never_a_failed_completion(proxy: Proxy, u
     reply = proxy.openai().chat.completions.create(
         model="m", user=user, messages=[{"role": "user", "content": "a NUL \x00 in my text"}])
     assert reply.choices[0].message.content.startswith("ok: ")  # type: ignore[union-attr]
-    eventually(lambda: proxy.stats.store_failures == failures + 1)
-    assert proxy.turns(user) == []
+    proxy.drain()
+    assert proxy.stats.store_failures == failures + 1 and proxy.turns(user) == []
 
 
 # -- the CLI -------------------------------------------------------------------------------------

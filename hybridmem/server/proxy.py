@@ -16,7 +16,8 @@ user's memory added to what the model sees and the exchange remembered.
   (:meth:`AsyncMemory.add_messages`), after the response has been sent. A reply that calls tools
   is not stored: the loop's final answer is, with the same user message. ``store: false`` or
   ``Settings.store_chat=False`` stores nothing. A failure to store is logged and counted in
-  :class:`ProxyStats`, never turned into a failed completion.
+  :class:`ProxyStats`, never turned into a failed completion. :meth:`OpenAIProxy.drain` waits
+  until no store is pending (a store is pending from the moment its response is built).
 - **Upstream.** ``Settings.base_url`` (OpenAI's own API when only ``OPENAI_API_KEY`` is set) with
   the key :meth:`Settings.key_for` names. The caller's ``Authorization`` is checked by the service's
   gate and never forwarded; the upstream key is masked in any error relayed. No retries here: the
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -119,10 +121,12 @@ class ChatCompletionRequest(BaseModel):
 # -- the route's state ---------------------------------------------------------------------------
 @dataclass
 class ProxyStats:
-    """Counters of the OpenAI-compatible route: exchanges stored, and stores that failed."""
+    """Counters of the OpenAI-compatible route: exchanges stored, stores that failed, and stores
+    pending (responses sent or being sent whose exchange is not stored, skipped or failed yet)."""
 
     stored: int = 0
     store_failures: int = 0
+    pending: int = 0
 
 
 @dataclass
@@ -166,6 +170,25 @@ class OpenAIProxy:
         self._key = self.settings.key_for(self.settings.base_url)
         self._models = self.settings.proxy_models()
         self._client: httpx.AsyncClient | None = None
+        # Guards stats.pending; a thread other than the service's loop waits on it in drain().
+        self._settled = threading.Condition()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until no exchange is waiting to be stored; False if some still are after
+        ``timeout`` seconds. For callers outside the service's event loop (tests, benchmarks,
+        a shutdown): it blocks the calling thread."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self.stats.pending == 0, timeout)
+
+    def _store_after(self, remember: tuple[str, str] | None,
+                     reply: _Reply) -> BackgroundTask | None:
+        """The background task that stores the exchange once the response is sent, counted as
+        pending from now on."""
+        if remember is None:
+            return None
+        with self._settled:
+            self.stats.pending += 1
+        return BackgroundTask(self._remember, remember, reply)
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -267,7 +290,16 @@ class OpenAIProxy:
         return None, 0
 
     async def _remember(self, remember: tuple[str, str], reply: _Reply) -> None:
-        """Store the exchange (a background task: the response has been sent)."""
+        """Store the exchange (a background task: the response has been sent); settled then,
+        whatever happened."""
+        try:
+            await self._store(remember, reply)
+        finally:
+            with self._settled:
+                self.stats.pending -= 1
+                self._settled.notify_all()
+
+    async def _store(self, remember: tuple[str, str], reply: _Reply) -> None:
         text = "".join(reply.text)
         if not reply.complete or reply.tool_calls or not text.strip():
             return
@@ -302,7 +334,7 @@ class OpenAIProxy:
         reply = _Reply(complete=True)
         for choice in choices if isinstance(choices, list) else ():
             reply.observe_choice(choice, delta=False)
-        background = BackgroundTask(self._remember, remember, reply) if remember else None
+        background = self._store_after(remember, reply)
         return Response(answer.content, media_type="application/json",
                         headers={**headers, **_relayed(answer.headers)}, background=background)
 
@@ -326,7 +358,7 @@ class OpenAIProxy:
                 await answer.aclose()
             return self._relay_error(answer.status_code, content, answer.headers)
         reply = _Reply()
-        background = BackgroundTask(self._remember, remember, reply) if remember else None
+        background = self._store_after(remember, reply)
         return StreamingResponse(
             self._relay(answer, reply), media_type="text/event-stream",
             headers={**headers, **_relayed(answer.headers), "Cache-Control": "no-cache",
