@@ -1,8 +1,8 @@
 """The OpenAI-compatible routes (``/v1/chat/completions``, ``/v1/models``) over a real uvicorn, driven
 by the official ``openai`` client (sync and async), LangChain's ``ChatOpenAI`` and raw httpx, with
-the real OpenAI-wire server on 127.0.0.1 as the upstream endpoint. Every test uses users of its
-own, and waits for the service's stores with :meth:`OpenAIProxy.drain` before it asserts what was
-stored."""
+the real OpenAI-wire server on 127.0.0.1 as the upstream endpoint. The shared service runs once
+per Chroma mode (embedded, and a real `chroma run`); every test uses users of its own, and waits
+for the service's stores with :meth:`OpenAIProxy.drain` before it asserts what was stored."""
 
 from __future__ import annotations
 
@@ -75,11 +75,13 @@ def settings_for(path: Path, wire: OpenAIWireServer, **extra: Any) -> Settings:
                     **extra)
 
 
-@pytest.fixture(scope="module")
-def _service(tmp_path_factory: pytest.TempPathFactory, embedder: LocalEmbedder,
-             _openai_wire_session: OpenAIWireServer) -> Iterator[Proxy]:
+@pytest.fixture(scope="module", params=["embedded", "server"])
+def _service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             embedder: LocalEmbedder, _openai_wire_session: OpenAIWireServer) -> Iterator[Proxy]:
+    """One service per Chroma mode: embedded, and a real `chroma run` (shared by the session)."""
+    chroma_url = request.getfixturevalue("chroma_server") if request.param == "server" else None
     settings = settings_for(tmp_path_factory.mktemp("proxy") / "hm", _openai_wire_session,
-                            proxy_model_map="house-model=gpt-4o-mini")
+                            proxy_model_map="house-model=gpt-4o-mini", chroma_url=chroma_url)
     with Memory(settings, embedder=embedder) as memory:
         app = create_app(memory)
         with serve(app) as url:
