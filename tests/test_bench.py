@@ -206,11 +206,13 @@ def test_proxy_runs_on_a_small_user(tmp_path: Path) -> None:
     assert {"git", "timestamp", "machine", "settings", "ingest_s", "goal"} <= result.keys()
     assert result["settings"]["stored"] >= 45  # generated sentences are (nearly) all distinct
     for group, key in [("plain", "direct_ms"), ("plain", "service_ms"),
+                       ("plain", "no_store_direct_ms"), ("plain", "no_store_service_ms"),
                        ("stream", "ttft_direct_ms"), ("stream", "ttft_service_ms"),
                        ("stream", "tail_service_ms"), ("context_ms", "same_questions"),
                        ("context_ms", "new_questions")]:
         assert result[group][key]["n"] == 5 and result[group][key]["p50"] >= 0, (group, key)
-    # every exchange through the service is stored: 5 warm-up ones of each kind, then the timed
+    # every exchange through the service is stored but the store: false ones (5 warm-up ones of
+    # each kind, then the timed ones)
     assert result["exchanges"] == {"stored": 2 * 5 + 5 + 5, "store_failures": 0}
     assert isinstance(result["goal"]["met"], bool)
     assert "| completion |" in proc.stdout and "stream: first chunk" in proc.stdout
