@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hybridmem.prompts import CHAT_SYSTEM_PROMPT
+from hybridmem.prompts import CHAT_SYSTEM_PROMPT, PROXY_PROMPT
 
 __all__ = ["DEFAULT_DATA_DIR", "Settings"]
 
@@ -172,6 +172,19 @@ class Settings(BaseSettings):
     store_chat: bool = True
     system_prompt: str = CHAT_SYSTEM_PROMPT
 
+    # the OpenAI-compatible route of the REST service (POST /v1/chat/completions)
+    proxy_prompt: str = Field(
+        default=PROXY_PROMPT,
+        description="Sent ahead of the user's memory in the system message the OpenAI-compatible "
+        "route adds before the caller's messages.",
+    )
+    proxy_model_map: str | None = Field(
+        default=None,
+        description="Model names the OpenAI-compatible route sends upstream instead of the "
+        "requested one: 'asked=sent' pairs, comma-separated, '*=sent' for every other name; "
+        "unset: the requested model is sent as is.",
+    )
+
     # backups
     backup_keep: int = Field(
         default=7, ge=1, le=10_000,
@@ -201,6 +214,21 @@ class Settings(BaseSettings):
         if parsed.scheme not in {"http", "https"} or not parsed.hostname:
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value.rstrip("/")
+
+    @field_validator("proxy_model_map")
+    @classmethod
+    def _model_map(cls, value: str | None) -> str | None:
+        for pair in (value or "").split(","):
+            asked, equals, sent = (part.strip() for part in pair.partition("="))
+            if pair.strip() and not (asked and equals and sent):
+                raise ValueError(f"proxy_model_map: {pair.strip()!r} is not 'asked=sent' "
+                                 "(e.g. 'gpt-4o-mini=llama3.1:8b,*=qwen2.5:7b')")
+        return value or None
+
+    def proxy_models(self) -> dict[str, str]:
+        """``proxy_model_map`` as a mapping (``"*"``: every name not listed); {} when unset."""
+        pairs = (p.partition("=") for p in (self.proxy_model_map or "").split(",") if p.strip())
+        return {asked.strip(): sent.strip() for asked, _, sent in pairs}
 
     @property
     def llm_configured(self) -> bool:

@@ -54,6 +54,8 @@ class Reply:
     rejects_json_schema: bool = False
     cut_after: int | None = None
     fault: Fault | None = None
+    drip: float = 0.0
+    tool_call: tuple[str, str] | None = None
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -76,6 +78,18 @@ class Reply:
         as a crashed or restarted endpoint does). A request without ``stream`` gets the same
         cut: the connection closes before any response."""
         return cls(content=content, cut_after=after)
+
+    @classmethod
+    def dripping(cls, seconds: float, content: str | None = None) -> Reply:
+        """A streamed reply that waits ``seconds`` before each event (a slow model); a client
+        that hangs up meanwhile is counted in :attr:`OpenAIWireServer.streams_cut`."""
+        return cls(content=content, drip=seconds)
+
+    @classmethod
+    def calls_tool(cls, name: str, arguments: str) -> Reply:
+        """An assistant message that calls the tool ``name`` with ``arguments`` (JSON text):
+        no content, ``finish_reason: "tool_calls"``; streamed as tool-call deltas."""
+        return cls(content="", tool_call=(name, arguments))
 
     @classmethod
     def invalid_json(cls) -> Reply:
@@ -188,6 +202,7 @@ class OpenAIWireServer:
     a 400); ``require_json_word`` (``json_object`` needs "json" in the messages, as OpenAI demands);
     ``required_key`` (other bearer keys get a 401 that echoes the key, as OpenAI's does);
     ``responder`` (request body -> chat content, for requests with nothing scripted).
+    ``streams_cut`` counts streamed replies whose client hung up before the end.
     """
 
     def __init__(self, *, dimension: int = 64) -> None:
@@ -197,6 +212,7 @@ class OpenAIWireServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._ids = 0
+        self.streams_cut = 0
         self._requests: list[RecordedRequest] = []
         self._queues: dict[str, deque[Reply]] = {"chat": deque(), "embeddings": deque()}
         self._defaults()
@@ -258,6 +274,7 @@ class OpenAIWireServer:
         """Forget requests and scripts, restore every tunable, and wake any slow reply."""
         with self._lock:
             self._requests = []
+            self.streams_cut = 0
             self._queues = {"chat": deque(), "embeddings": deque()}
             self._wake.set()
             self._wake = threading.Event()
@@ -303,6 +320,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: with Nagle's algorithm the body would wait for the
+    # client's delayed ACK (~40 ms) on a kept-alive connection, which no real endpoint does.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -372,9 +392,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return self._stream(cid, model, content, usage if include_usage else None,
                                 cut_after=reply.cut_after,
-                                broken=reply.fault == "broken_stream")
-        message = {"role": "assistant", "content": content, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+                                broken=reply.fault == "broken_stream", drip=reply.drip,
+                                tool_call=reply.tool_call)
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        finish = "stop"
+        if reply.tool_call is not None:
+            name, arguments = reply.tool_call
+            message["content"], finish = None, "tool_calls"
+            message["tool_calls"] = [{"id": "call_wire1", "type": "function",
+                                      "function": {"name": name, "arguments": arguments}}]
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         self._json(200, {**_envelope(cid, model, "chat.completion", [choice]), "usage": usage})
 
     def _embeddings(self, wire: OpenAIWireServer, body: dict[str, Any]) -> None:
@@ -398,7 +425,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._json(200, reply)
 
     def _stream(self, cid: str, model: str, content: str, usage: dict[str, int] | None,
-                *, cut_after: int | None = None, broken: bool = False) -> None:
+                *, cut_after: int | None = None, broken: bool = False,
+                drip: float = 0.0, tool_call: tuple[str, str] | None = None) -> None:
         """Server-sent events, chunked: role, word deltas, finish, optional usage, ``[DONE]``;
         with ``cut_after``, the role and that many deltas, then the connection is dropped; with
         ``broken``, two deltas and half an event, then the connection is dropped."""
@@ -409,7 +437,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
         events: list[Any] = [chunk({"role": "assistant", "content": ""})]
         events += [chunk({"content": piece}) for piece in re.findall(r"\s*\S+\s*", content)]
-        events.append(chunk({}, "stop"))
+        if tool_call is not None:
+            name, arguments = tool_call
+            events.append(chunk({"tool_calls": [{"index": 0, "id": "call_wire1", "type": "function",
+                                                 "function": {"name": name, "arguments": ""}}]}))
+            events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}))
+        events.append(chunk({}, "stop" if tool_call is None else "tool_calls"))
         if usage is not None:
             events.append({**_envelope(cid, model, "chat.completion.chunk", []), "usage": usage})
         payloads = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
@@ -427,10 +460,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for data in [*payloads, *ending]:
+                if drip:
+                    time.sleep(drip)
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
         except OSError:
             self.close_connection = True
+            with self.server.wire._lock:
+                self.server.wire.streams_cut += 1
 
     def _fault(self, fault: Fault | None, endpoint: Endpoint) -> None:
         """A broken 200 (see :meth:`Reply.broken`)."""

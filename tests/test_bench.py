@@ -1,7 +1,7 @@
 """The benchmark scripts run end to end on tiny inputs, so they cannot rot unnoticed.
 
 Real runs, real stores, no timing asserts: the LoCoMo script on a six-turn conversation written here
-(never the licensed data), the latency script on a 50-memory user.
+(never the licensed data), the latency and proxy scripts on a 50-memory user.
 """
 
 from __future__ import annotations
@@ -195,3 +195,24 @@ def test_latency_ingest_only_then_reuse(tmp_path: Path) -> None:
     (row,) = json.loads(out.read_text(encoding="utf-8"))["sizes"]
     assert row["add"]["reused"] == str(work / "n40") and row["add"]["stored"] >= 40
     assert row["search"]["context_ms"]["n"] == 5
+
+
+def test_proxy_runs_on_a_small_user(tmp_path: Path) -> None:
+    out = tmp_path / "proxy.json"
+    proc = _run("proxy.py", "--memories", "50", "--requests", "5", "--batch", "20", "--out",
+                str(out))
+    result = json.loads(out.read_text(encoding="utf-8"))
+
+    assert {"git", "timestamp", "machine", "settings", "ingest_s", "goal"} <= result.keys()
+    assert result["settings"]["stored"] >= 45  # generated sentences are (nearly) all distinct
+    for group, key in [("plain", "direct_ms"), ("plain", "service_ms"),
+                       ("plain", "no_store_direct_ms"), ("plain", "no_store_service_ms"),
+                       ("stream", "ttft_direct_ms"), ("stream", "ttft_service_ms"),
+                       ("stream", "tail_service_ms"), ("context_ms", "same_questions"),
+                       ("context_ms", "new_questions")]:
+        assert result[group][key]["n"] == 5 and result[group][key]["p50"] >= 0, (group, key)
+    # every exchange through the service is stored but the store: false ones (5 warm-up ones of
+    # each kind, then the timed ones)
+    assert result["exchanges"] == {"stored": 2 * 5 + 5 + 5, "store_failures": 0}
+    assert isinstance(result["goal"]["met"], bool)
+    assert "| completion |" in proc.stdout and "stream: first chunk" in proc.stdout

@@ -534,7 +534,7 @@ def serve(
     data_dir: Optional[Path] = DataDirOpt,
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
-    """Run the REST service (needs the server extra).
+    """Run the REST service (needs the server extra); prints the base URL to give OpenAI clients.
 
     Bearer keys: HYBRIDMEM_SERVER_API_KEY, comma-separated. Accepted Host headers:
     HYBRIDMEM_SERVER_ALLOWED_HOSTS; by default the loopback names on loopback, any host elsewhere
@@ -564,6 +564,10 @@ def serve(
     logging.getLogger("hybridmem").setLevel(level)
 
     hosts = None if settings.server_allowed_hosts or loopback else ["*"]
+    shown = f"[{host}]" if ":" in host else host
+    out.print(f"OpenAI-compatible base URL: http://{shown}:{port}/v1 (name the user with the "
+              "'user' field or the X-HybridMem-User header)", highlight=False, markup=False,
+              soft_wrap=True)
     with _memory(settings=settings) as mem:
         # One worker: the embedded store belongs to this process; requests run in its threadpool.
         # uvicorn's access log is off: hybridmem.server logs route templates, not user ids.

@@ -1,7 +1,9 @@
 """The REST service: ``create_app(memory)`` builds the FastAPI application ``hybridmem serve`` runs.
 
-:mod:`~hybridmem.server.app` holds the routes; :mod:`~hybridmem.server.asgi` the ASGI plumbing
-under them (body limits, error bodies, the request queue). Both use only the public API.
+:mod:`~hybridmem.server.app` holds the routes; :mod:`~hybridmem.server.proxy` the OpenAI-compatible
+ones (chat completions relayed to the configured endpoint, with the user's memory);
+:mod:`~hybridmem.server.asgi` the ASGI plumbing under them (body limits, error bodies, the request
+queue). All use only the public API.
 """
 
 from hybridmem.server.app import create_app

@@ -2,8 +2,10 @@
 
 Every ``/v1`` route is scoped by user (``/v1/users/{user_id}/...``), mirrors one ``Memory`` method
 (its operation id is the route function's name) and needs ``Authorization: Bearer <key>`` when keys
-are configured (``HYBRIDMEM_SERVER_API_KEY``, comma-separated for several). Every error has one body,
-``{"error": {"type": "<ClassName>", "message": "..."}}``, mapped by exception class through
+are configured (``HYBRIDMEM_SERVER_API_KEY``, comma-separated for several); the OpenAI-compatible
+``/v1/chat/completions`` and ``/v1/models`` are the exception to the scoping (see
+:mod:`hybridmem.server.proxy`). Every error has one body, OpenAI's shape, ``{"error": {"message",
+"type": "<ClassName>", "param", "code"}}``, mapped by exception class through
 ``HybridMemError.status_code``; request validation errors (422) add FastAPI's ``detail`` list.
 
 Endpoints are ``async def`` and await an :class:`~hybridmem.AsyncMemory` (``create_app`` wraps a
@@ -33,7 +35,8 @@ schema is at ``/openapi.json``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -58,6 +61,7 @@ from hybridmem.server.asgi import (
     install_error_handlers,
     sse,
 )
+from hybridmem.server.proxy import COMPLETIONS_PATH, MODELS_PATH, OpenAIProxy, openai_router
 from hybridmem.errors import ConfigError
 from hybridmem.models import (
     MAX_LIMIT,
@@ -177,12 +181,15 @@ class Health(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    type: str = Field(description="The error class, e.g. NotFoundError, InvalidUserIdError.")
     message: str = Field(description="What went wrong and what to do.")
+    type: str = Field(description="The error class, e.g. NotFoundError, InvalidUserIdError.")
+    param: str | None = Field(default=None, description="The field at fault, if one is.")
+    code: str | int | None = Field(default=None, description="A finer code, if there is one.")
 
 
 class ErrorBody(BaseModel):
-    """The one error body: ``{"error": {"type", "message"}}``; on 422 also FastAPI's ``detail``."""
+    """The one error body, OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``;
+    on 422 also FastAPI's ``detail``."""
 
     error: ErrorDetail
     detail: list[dict[str, Any]] | None = Field(
@@ -190,6 +197,7 @@ class ErrorBody(BaseModel):
 
 
 _ERROR_STATUSES = {
+    400: "Invalid request to an OpenAI-compatible route, or the endpoint refused it",
     401: "Missing or wrong bearer key",
     404: "No such memory or route",
     409: "The stored collection was built by another embedder",
@@ -200,10 +208,13 @@ _ERROR_STATUSES = {
     500: "Internal error (see the server log)",
     502: "The model endpoint failed or refused the key",
     503: "Unavailable: no endpoint configured, the endpoint is down, or a store is busy",
+    504: "The model endpoint did not answer in time (OpenAI-compatible routes)",
 }
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
 }
+#: The statuses the memory routes answer (400, 504 and 404 from an endpoint are the proxy's).
+V1_RESPONSES = {s: r for s, r in ERROR_RESPONSES.items() if s not in (400, 504)}
 NO_ENDPOINT = ("no chat endpoint is configured: set HYBRIDMEM_BASE_URL (with HYBRIDMEM_API_KEY and "
                "HYBRIDMEM_CHAT_MODEL as needed), or OPENAI_API_KEY for OpenAI")
 
@@ -247,18 +258,28 @@ def create_app(
     if not keys:
         log.warning("no server API key configured: /v1 routes need no authentication")
 
+    proxy = OpenAIProxy(memory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await proxy.aclose()  # the OpenAI-compatible route's connections to the endpoint
+
     # FastAPIOffline: a FastAPI whose /docs and /redoc pages load the assets its package ships.
     app = FastAPIOffline(title="hybridmem", version=__version__,
                          summary="Long-term memory for LLM apps, per user.",
                          docs_url=DOCS_URL, redoc_url=REDOC_URL, static_url=DOCS_ASSETS_URL,
                          swagger_ui_parameters={"validatorUrl": None},
-                         generate_unique_id_function=_operation_id)
+                         generate_unique_id_function=_operation_id, lifespan=lifespan)
+    app.state.openai_proxy = proxy
     # The dependency only documents the scheme in OpenAPI: the key is checked by GateMiddleware,
     # before the body is read, so an unauthenticated client learns nothing from validation errors.
     bearer = HTTPBearer(auto_error=False, description="HYBRIDMEM_SERVER_API_KEY")
     v1 = APIRouter(prefix=API_PREFIX + "/users/{user_id}", dependencies=[Security(bearer)],
-                   responses=ERROR_RESPONSES)
-    install_error_handlers(app)
+                   responses=V1_RESPONSES)
+    install_error_handlers(app, wire_paths=(COMPLETIONS_PATH, MODELS_PATH))
 
     @app.get("/health", tags=["service"], responses={421: ERROR_RESPONSES[421]})
     async def health() -> Health:
@@ -434,6 +455,7 @@ def create_app(
         return Deleted(deleted=await memory.forget(user_id))
 
     app.include_router(v1)
+    app.include_router(openai_router(proxy, ERROR_RESPONSES), dependencies=[Security(bearer)])
     # The last added runs first: log, check the Host and the key, admit, then cap the body.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(AdmissionMiddleware, max_inflight=max_inflight, wait=queue_timeout,

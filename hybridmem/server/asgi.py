@@ -62,16 +62,23 @@ def _event(payload: dict[str, Any]) -> str:
 
 
 # -- errors ---------------------------------------------------------------------------------------
-def error_body(kind: str, message: str) -> dict[str, Any]:
-    return {"error": {"type": kind, "message": message}}
+def error_body(kind: str, message: str, *, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The one error body, OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``;
+    ``type`` is the error class (``NotFoundError``), ``param`` the field at fault, if one is."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(status: int, kind: str, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse(error_body(kind, message), status_code=status, headers=headers or None)
+def error_response(status: int, kind: str, message: str, *, param: str | None = None,
+                   code: str | None = None, **headers: str) -> JSONResponse:
+    return JSONResponse(error_body(kind, message, param=param, code=code), status_code=status,
+                        headers=headers or None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Map errors by class: ``HybridMemError.status_code``; never by message text."""
+def install_error_handlers(app: FastAPI, *, wire_paths: Sequence[str] = ()) -> None:
+    """Map errors by class: ``HybridMemError.status_code``; never by message text. A request
+    that fails validation on one of ``wire_paths`` (the OpenAI-compatible routes) is a 400
+    ``invalid_request_error``, as OpenAI answers it; elsewhere a 422."""
 
     @app.exception_handler(HybridMemError)
     async def hybridmem_error(request: Request, exc: HybridMemError) -> JSONResponse:
@@ -91,8 +98,12 @@ def install_error_handlers(app: FastAPI) -> None:
                   for e in details]
         if any(e.get("loc", ())[-1:] == ("memories",) for e in details):
             message += "; to add several memories, POST {\"memories\": [...]} to .../memories/batch"
+        param = _param([[str(part) for part in e.get("loc", ())] for e in details])
+        if _template(request.scope) in wire_paths:
+            return JSONResponse(error_body("invalid_request_error", message, param=param),
+                                status_code=400)
         return JSONResponse(
-            {**error_body("RequestValidationError", message), "detail": detail},
+            {**error_body("RequestValidationError", message, param=param), "detail": detail},
             status_code=422,
         )
 
@@ -106,6 +117,18 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("%s %s failed unexpectedly: %s", request.method, _template(request.scope),
                   type(exc).__name__)
         return error_response(500, "InternalServerError", "internal error; see the server log")
+
+
+def _param(locs: list[list[str]]) -> str | None:
+    """The field at fault, dotted: what every error's location shares (the alternatives of a
+    union add their type names), else the first error's; without the leading ``body``."""
+    shared: list[str] = []
+    for parts in zip(*locs):
+        if len(set(parts)) > 1:
+            break
+        shared.append(parts[0])
+    loc = shared if len(shared) > 1 or not locs else locs[0]
+    return ".".join(loc[1:] if loc[:1] == ["body"] else loc) or None
 
 
 # -- middleware (pure ASGI: no body is read before the key and the size are checked) ---------------
