@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from hybridmem import Memory, Settings
 from hybridmem.offline import LocalEmbedder
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, RecordedRequest, Reply
-from uvicorn_thread import serve
+from uvicorn_thread import free_port, serve
 
 CLIENT_KEY = "client-key-0123"
 UPSTREAM_KEY = "sk-upstream-secret-9876"
@@ -477,10 +476,7 @@ def test_the_upstream_key_never_shows(proxy: Proxy, user: str,
 
 def test_an_unreachable_endpoint_is_a_502(tmp_path: Path, embedder: LocalEmbedder,
                                           openai_server: OpenAIWireServer) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    sock.close()
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     settings = Settings(data_dir=tmp_path / "hm", extractor="rules", base_url=dead)
     with Memory(settings, embedder=embedder) as memory, serve(create_app(memory)) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
@@ -509,10 +505,7 @@ def test_a_failure_to_store_is_counted_never_a_failed_completion(proxy: Proxy, u
 
 # -- the CLI -------------------------------------------------------------------------------------
 def test_serve_prints_the_base_url_for_openai_clients(tmp_path: Path) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "OPENAI_"))}
     env["HYBRIDMEM_EMBEDDER"] = "hash"
     proc = subprocess.Popen(

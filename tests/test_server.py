@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from hybridmem.models import Hit
 from hybridmem.offline import LocalEmbedder
 from hybridmem.server import create_app
 from openai_wire import OpenAIWireServer, Reply
-from uvicorn_thread import serve
+from uvicorn_thread import free_port, serve
 
 KEYS = "alpha-key-0123, beta-key-4567"
 BODY_LIMIT = 100_000
@@ -719,10 +718,7 @@ def test_chat_without_an_endpoint_is_503_naming_the_setting(
 
 def test_hybridmem_serve_answers_loopback_hosts_only(tmp_path: Path) -> None:
     """The real command, as a user runs it: a process bound to 127.0.0.1, keyless, loopback Hosts."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "OPENAI_"))}
     env["HYBRIDMEM_EMBEDDER"] = "hash"
     proc = subprocess.Popen(

@@ -14,6 +14,14 @@ from fastapi import FastAPI
 __all__ = ["serve"]
 
 
+def free_port() -> int:
+    """A 127.0.0.1 port nothing listens on right now (for a server a test starts itself, or an
+    address that must refuse connections)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextmanager
 def serve(app: FastAPI) -> Iterator[str]:
     """Run ``app`` on a real uvicorn in a thread, on a free 127.0.0.1 port; yield its base URL."""
