@@ -537,17 +537,30 @@ class Memory:
         if budgets is not None and not isinstance(budgets, Mapping):
             raise InvalidInputError("budgets must be a mapping of section names to token counts")
         section_budgets(budget, budgets)  # refuse a bad budget before any search
-        hits = self.search(user_id, query, limit=limit, where=where, category=category,
-                           include_superseded=include_superseded, min_score=min_score,
-                           as_of=as_of)
+        self._check(user_id)
+        validate_text(query, what="query")
+        validate_limit(limit)
+        floor = self._min_score(min_score)
+        when = validate_as_of(as_of)
         has_facts, has_episodes, has_procedures = self._extras.of(user_id)
+        # one gathering feeds every section: the memories, then summaries and procedures
+        sections = [(limit, memory_filter(where, category=category,
+                                          current_only=not include_superseded, as_of=when))]
+        if has_episodes:
+            sections.append((MAX_CONTEXT_EPISODES, memory_filter({"kind": "summary"}, as_of=when)))
+        if has_procedures:
+            sections.append((MAX_CONTEXT_PROCEDURES,
+                             memory_filter({"kind": "procedure"}, as_of=when)))
+        found = self._retriever.gather(user_id, query, sections, now=when)
+        if floor > 0:  # 0 is off: a fused score can be negative (cosine below 0)
+            found = [[h for h in hits if h.score >= floor] for hits in found]
+        self._access.note(user_id, list(dict.fromkeys(h.item.id for hits in found for h in hits)),
+                          utcnow())
+        hits = found[0]
+        summaries = found[1] if has_episodes else []
+        procedures = found[-1] if has_procedures else []
         facts = self.facts(user_id, category=category, as_of=as_of)[:MAX_CONTEXT_FACTS] \
             if has_facts else []
-        extra: dict[str, Any] = {"min_score": min_score, "as_of": as_of}
-        summaries = self.search(user_id, query, limit=MAX_CONTEXT_EPISODES,
-                                where={"kind": "summary"}, **extra) if has_episodes else []
-        procedures = self.search(user_id, query, limit=MAX_CONTEXT_PROCEDURES,
-                                 where={"kind": "procedure"}, **extra) if has_procedures else []
         relations = self._stores.graph.relations(
             user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]]
         )

@@ -172,6 +172,13 @@ class VectorStore(Protocol):
         """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped."""
         ...
 
+    def get_sections(
+        self, user_id: str, ids: Sequence[str], wheres: Sequence[Filter | None]
+    ) -> builtins.list[builtins.list[MemoryItem]]:
+        """For each filter, the memories of ``ids`` that match it (in the order of ``ids``), in
+        one read of the store."""
+        ...
+
     def list(
         self,
         user_id: str,
@@ -192,6 +199,17 @@ class VectorStore(Protocol):
         where: Filter | None = None,
     ) -> builtins.list[builtins.list[VectorHit]]:
         """One nearest-neighbour list (best first) per query embedding."""
+        ...
+
+    def query_sections(
+        self,
+        user_id: str,
+        embedding: Sequence[float],
+        sections: Sequence[tuple[int, Filter | None]],
+    ) -> builtins.list[builtins.list[VectorHit]]:
+        """For one query embedding, the nearest-neighbour list of each ``(limit, where)``
+        section, equal to :meth:`query`'s for that section, in one nearest-neighbour search
+        where the store can (context() reads several sections for one question)."""
         ...
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:

@@ -389,22 +389,32 @@ class ChromaVectorStore:
         self, user_id: str, ids: Sequence[str], *, where: Filter | None = None
     ) -> builtins.list[MemoryItem]:
         """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped."""
+        return self.get_sections(user_id, ids, [where])[0]
+
+    def get_sections(
+        self, user_id: str, ids: Sequence[str], wheres: Sequence[Filter | None]
+    ) -> builtins.list[builtins.list[MemoryItem]]:
+        """For each filter of ``wheres``, the memories of ``ids`` that match it (in the order of
+        ``ids``), from one read: context() hydrates the candidates of all its sections at once."""
         self._live()
-        if not ids:
-            return []
+        if not ids or not wheres:
+            return [[] for _ in wheres]
         cached = self._cached(user_id, load=False)
         if cached is not None:
-            out = []
+            out: builtins.list[builtins.list[MemoryItem]] = [[] for _ in wheres]
             for i in ids:
                 row = cached.row(i)
-                if row is not None and matches(where, row[1]):
-                    item = self._item(user_id, cached, i)
-                    if item is not None:
-                        out.append(item)
+                if row is None:
+                    continue
+                for n, where in enumerate(wheres):
+                    if matches(where, row[1]):
+                        item = self._item(user_id, cached, i)
+                        if item is not None:
+                            out[n].append(item)
             return out
         wanted = builtins.list(dict.fromkeys(ids))
         rows: dict[str, tuple[str | None, Mapping[str, Any] | None]] = {}
-        for archive in parts_of(where):
+        for archive in sorted({part for where in wheres for part in parts_of(where)}):
             missing = [i for i in wanted if i not in rows]
             if not missing:
                 break
@@ -414,8 +424,8 @@ class ChromaVectorStore:
                 rows.update((i, (d, m)) for i, d, m in
                             _rows(got["ids"], got["documents"], got["metadatas"]))
         # filtered here, not by Chroma: its where on a get by ids scans every record
-        return [to_item(user_id, i, *rows[i]) for i in ids
-                if i in rows and matches(where, rows[i][1])]
+        return [[to_item(user_id, i, *rows[i]) for i in ids
+                 if i in rows and matches(where, rows[i][1])] for where in wheres]
 
     def list(
         self,
@@ -488,32 +498,77 @@ class ChromaVectorStore:
         # memories), so first ask without it for more neighbours and filter here; only lists
         # that the filter thinned below ``limit`` (while more neighbours exist) are asked again
         # with Chroma's filter.
-        fetch = limit * OVERFETCH if residual(where) is not None else limit
+        fetch = _fetch(limit, where)
         merged: builtins.list[builtins.list[_Found]] = [[] for _ in vectors]
         for archive in parts_of(where):
             lists = self._query(user_id, vectors, fetch, None, archive, cached)
             for n, (vector, rows) in enumerate(zip(vectors, lists)):
-                kept = [r for r in rows if matches(where, r[2])]
-                if len(kept) < limit and len(rows) == fetch and where is not None:
-                    kept = self._query(user_id, [vector], limit, where, archive, cached)[0]
-                merged[n].extend(kept)
-        out: builtins.list[builtins.list[VectorHit]] = []
-        for rows in merged:
-            rows.sort(key=lambda r: -r[3])
-            seen: set[str] = set()
-            hits = []
-            for i, d, m, s in rows:
-                if i in seen:
-                    continue
-                seen.add(i)
-                item = (self._item(user_id, cached, i) if cached is not None and
-                        cached.row(i) is not None else to_item(user_id, i, d, m))
-                if item is not None:
-                    hits.append(VectorHit(item, s))
-                if len(hits) == limit:
-                    break
-            out.append(hits)
-        return out
+                merged[n].extend(self._kept(user_id, vector, rows, fetch, limit, where, archive,
+                                            cached))
+        return [self._hits(user_id, rows, limit, cached) for rows in merged]
+
+    def query_sections(
+        self,
+        user_id: str,
+        embedding: Sequence[float],
+        sections: Sequence[tuple[int, Filter | None]],
+    ) -> builtins.list[builtins.list[VectorHit]]:
+        """For one query embedding, the nearest memories of each ``(limit, where)`` section,
+        as :meth:`query` would give them one by one, from one Chroma query per collection read.
+
+        Why: a context() reads memories, summaries and procedures for the same question; asked
+        apart that is a nearest-neighbour search each (an HTTP round trip each on a Chroma
+        server). Asked once, with the largest over-fetch any section needs, every section filters
+        the same neighbour list; only a section the list leaves short is asked again with its
+        own filter (as :meth:`query` does)."""
+        self._live()
+        if not sections:
+            return []
+        vector = self._vectors([embedding])[0]
+        cached = self._cached(user_id)
+        merged: builtins.list[builtins.list[_Found]] = [[] for _ in sections]
+        for archive in (False, True):
+            reading = [n for n, (limit, where) in enumerate(sections)
+                       if limit > 0 and archive in parts_of(where)]
+            if not reading:
+                continue
+            fetch = max(_fetch(*sections[n]) for n in reading)
+            rows = self._query(user_id, [vector], fetch, None, archive, cached)[0]
+            for n in reading:
+                limit, where = sections[n]
+                merged[n].extend(self._kept(user_id, vector, rows, fetch, limit, where, archive,
+                                            cached))
+        return [self._hits(user_id, rows, limit, cached)
+                for rows, (limit, _where) in zip(merged, sections)]
+
+    def _kept(
+        self, user_id: str, vector: Embedding, rows: builtins.list[_Found], fetch: int,
+        limit: int, where: Filter | None, archive: bool, cached: UserRecords | None,
+    ) -> builtins.list[_Found]:
+        """The neighbours in ``rows`` that match ``where``; asked again with Chroma's filter
+        when they are fewer than ``limit`` while more neighbours exist."""
+        kept = [r for r in rows if matches(where, r[2])]
+        if len(kept) < limit and len(rows) == fetch and where is not None:
+            kept = self._query(user_id, [vector], limit, where, archive, cached)[0]
+        return kept
+
+    def _hits(self, user_id: str, rows: builtins.list[_Found], limit: int,
+              cached: UserRecords | None) -> builtins.list[VectorHit]:
+        """The ``limit`` best of one list's neighbours (from both collections), as hits."""
+        rows.sort(key=lambda r: -r[3])
+        seen: set[str] = set()
+        hits = []
+        for i, d, m, s in rows:
+            if i in seen:
+                continue
+            seen.add(i)
+            item = (self._item(user_id, cached, i) if cached is not None and
+                    cached.row(i) is not None else to_item(user_id, i, d, m))
+            if item is not None:
+                hits.append(VectorHit(item, s))
+            if len(hits) == limit:
+                break
+        return hits
 
     def _query(
         self, user_id: str, vectors: builtins.list[Embedding], limit: int,
@@ -626,3 +681,9 @@ class ChromaVectorStore:
             _chroma.close_client(self._handles.client)
         if self._compactor is not None and self._compactor.pending:
             self._compactor.run()  # with Chroma closed
+
+
+def _fetch(limit: int, where: Filter | None) -> int:
+    """How many neighbours a query of ``limit`` asks Chroma for: more when part of the filter is
+    applied here (see :meth:`ChromaVectorStore.query`)."""
+    return limit * OVERFETCH if residual(where) is not None else limit

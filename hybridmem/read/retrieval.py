@@ -155,41 +155,83 @@ class Retriever:
                now: datetime | None = None) -> list[Hit]:
         """The ``limit`` best memories for ``query`` among those matching ``where``; ages and
         expiry are judged at ``now`` (default: the current time; a past time for ``as_of``)."""
+        return self.gather(user_id, query, [(limit, where)], now=now)[0]
+
+    def gather(self, user_id: str, query: str, sections: Sequence[tuple[int, Filter | None]],
+               *, now: datetime | None = None) -> list[list[Hit]]:
+        """The best memories for ``query`` in each ``(limit, where)`` section, from one
+        gathering: one query embedding, one nearest-neighbour search (see
+        :meth:`~hybridmem.protocols.VectorStore.query_sections`), one lexical lookup and one
+        hydration, whatever the number of sections. context() reads its memories, summaries and
+        procedures this way: on a Chroma server each of those reads is a round trip.
+
+        Each section ranks exactly as :meth:`search` would rank it alone: the lexical list is
+        the widest section's, cut to each section's pool (BM25's order is total, so the cut is
+        the list a search of its own would fetch), and the graph activation runs once per
+        section from that section's own candidates (it is in-process work over the user's
+        graph, microseconds to a few milliseconds, and seeding summaries from the memories'
+        hits would rank them differently than a search for them does)."""
         s, w = self._settings, self.weights
-        pool = pool_size(s.candidates, limit)
-        items: dict[str, MemoryItem] = {}
-        cands: dict[str, Candidate] = {}
+        pools = [pool_size(s.candidates, limit) for limit, _ in sections]
+        if not sections:
+            return []
+        widest = max(pools)
+        items: list[dict[str, MemoryItem]] = [{} for _ in sections]
+        cands: list[dict[str, Candidate]] = [{} for _ in sections]
 
-        def cand(memory_id: str) -> Candidate:
-            c = cands.get(memory_id)  # (not setdefault: it would build a Candidate every call)
-            if c is None:
-                c = cands[memory_id] = Candidate(memory_id)
-            return c
+        def cand_of(n: int) -> Callable[[str], Candidate]:
+            mine = cands[n]
 
+            def cand(memory_id: str) -> Candidate:
+                c = mine.get(memory_id)  # (not setdefault: it would build a Candidate every call)
+                if c is None:
+                    c = mine[memory_id] = Candidate(memory_id)
+                return c
+            return cand
+
+        makers = [cand_of(n) for n in range(len(sections))]
         vector = w.vector > 0 or not w.lexical > 0
         lexical: Future[list[tuple[str, float]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
-            lexical = self._pool().submit(self._stores.lexical.search, user_id, query, limit=pool)
+            lexical = self._pool().submit(self._stores.lexical.search, user_id, query,
+                                          limit=widest)
+        qvec: list[float] | None = None
         if vector:
             qvec = self._query_vector(query)
-            hits = self._stores.vectors.query(user_id, [qvec], limit=pool, where=where)[0]
-            for rank, hit in enumerate(hits, 1):
-                items[hit.item.id] = hit.item
-                c = cand(hit.item.id)
-                c.vector, c.vector_rank = hit.similarity, rank
+            lists = self._stores.vectors.query_sections(
+                user_id, qvec, [(pool, where) for pool, (_, where) in zip(pools, sections)])
+            for n, hits in enumerate(lists):
+                for rank, hit in enumerate(hits, 1):
+                    items[n][hit.item.id] = hit.item
+                    c = makers[n](hit.item.id)
+                    c.vector, c.vector_rank = hit.similarity, rank
         if w.lexical > 0:
             found = (lexical.result() if lexical is not None
-                     else self._stores.lexical.search(user_id, query, limit=pool))
-            for rank, (memory_id, score) in enumerate(found, 1):
-                c = cand(memory_id)
-                c.lexical, c.lexical_rank = score, rank
+                     else self._stores.lexical.search(user_id, query, limit=widest))
+            for n, pool in enumerate(pools):
+                for rank, (memory_id, score) in enumerate(found[:pool], 1):
+                    c = makers[n](memory_id)
+                    c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:
-            self._graph_candidates(user_id, query, list(cands), cand, pool,
-                                   qvec if vector else None)
-        missing = [m for m in cands if m not in items]
-        if missing:
-            items.update((i.id, i) for i in self._stores.vectors.get(user_id, missing, where=where))
+            for n, pool in enumerate(pools):
+                reached = self._activation(user_id, query, [makers[n](m) for m in cands[n]], qvec)
+                _join_graph(reached, list(cands[n]), makers[n], pool)
+        missing = [[m for m in cands[n] if m not in items[n]] for n in range(len(sections))]
+        wanted = list(dict.fromkeys(m for ids in missing for m in ids))
+        if wanted:
+            got = self._stores.vectors.get_sections(user_id, wanted,
+                                                    [where for _, where in sections])
+            for n, section_items in enumerate(got):
+                mine = set(missing[n])
+                items[n].update((i.id, i) for i in section_items if i.id in mine)
         now = now or utcnow()
+        return [self._ranked(items[n], cands[n], limit, now)
+                for n, (limit, _) in enumerate(sections)]
+
+    def _ranked(self, items: dict[str, MemoryItem], cands: dict[str, Candidate], limit: int,
+                now: datetime) -> list[Hit]:
+        """One section's candidates, hydrated, aged at ``now`` and fused into its best ``limit``
+        (expired ones and those its filter refused are dropped)."""
         for memory_id in list(cands):
             item = items.get(memory_id)
             if item is None or (item.expires_at is not None and item.expires_at <= now):
@@ -198,23 +240,22 @@ class Retriever:
             c = cands[memory_id]
             c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
             c.importance, c.confidence = item.importance, item.confidence
-        ranked = fuse(list(cands.values()), w, limit)
+        ranked = fuse(list(cands.values()), self.weights, limit)
         return [
             Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
             for c, b in ranked
         ]
 
-    def _graph_candidates(
-        self, user_id: str, query: str, found: list[str], cand: Callable[[str], Candidate],
-        pool: int, qvec: Sequence[float] | None,
-    ) -> None:
+    def _activation(
+        self, user_id: str, query: str, found: list[Candidate], qvec: Sequence[float] | None,
+    ) -> dict[str, tuple[float, int, str]]:
         """Graph activation (see :mod:`hybridmem.graph.activation`) from the query's entities and
-        the best hits so far: every candidate it reaches gets its graph signal; of the memories
-        only the graph found, the ``pool`` strongest join. With the query's embedding ``qvec`` and
-        ``graph_topic`` > 0 the graph also gets the query's similarity to node names (from the
-        vectors stored when the nodes were written: a search never embeds a name)."""
+        the best candidates ``found`` so far: what it reaches, by memory id. With the query's
+        embedding ``qvec`` and ``graph_topic`` > 0 the graph also gets the query's similarity to
+        node names (from the vectors stored when the nodes were written: a search never embeds a
+        name)."""
         s, names = self._settings, self._names
-        seeds = graph_seeds([cand(m) for m in found], self.weights, s.graph_seeds)
+        seeds = graph_seeds(found, self.weights, s.graph_seeds)
         similar = None
         linked: list[tuple[str, float]] = []
         if qvec is not None and s.graph_topic > 0 and names is not None:
@@ -227,17 +268,22 @@ class Retriever:
                 linked = [(key, s.graph_link * cos) for key, cos
                           in names.nearest(user_id, qvec, LINK_NODES, LINK_FLOOR)]
 
-        reached = self._stores.graph.activation(
+        return self._stores.graph.activation(
             user_id, seeds, query, hops=s.graph_hops, episodic=s.graph_episodic,
             topic=s.graph_topic, similar=similar, linked=linked,
         )
-        known = set(found)
-        # strongest first, ties by id: the cut and the ranks are canonical
-        strongest = [(-r[0], m) for m, r in reached.items()]
-        fresh = heapq.nsmallest(pool, [t for t in strongest if t[1] not in known])
-        ordered = sorted([t for t in strongest if t[1] in known] + fresh)
-        for rank, (_s, memory_id) in enumerate(ordered, 1):
-            c = cand(memory_id)
-            c.graph, c.graph_hops, c.graph_path = reached[memory_id]
-            c.graph_rank = rank
 
+
+def _join_graph(reached: dict[str, tuple[float, int, str]], found: list[str],
+                cand: Callable[[str], Candidate], pool: int) -> None:
+    """Give every candidate the activation reached its graph signal; of the memories only the
+    graph found, the ``pool`` strongest join."""
+    known = set(found)
+    # strongest first, ties by id: the cut and the ranks are canonical
+    strongest = [(-r[0], m) for m, r in reached.items()]
+    fresh = heapq.nsmallest(pool, [t for t in strongest if t[1] not in known])
+    ordered = sorted([t for t in strongest if t[1] in known] + fresh)
+    for rank, (_s, memory_id) in enumerate(ordered, 1):
+        c = cand(memory_id)
+        c.graph, c.graph_hops, c.graph_path = reached[memory_id]
+        c.graph_rank = rank

@@ -1,0 +1,83 @@
+"""One gathering per context(): its memories, summaries and procedures come from one
+nearest-neighbour search, and each section holds what a search of its own would rank first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from chromadb.api.models.Collection import Collection
+
+from hybridmem import Memory
+
+THINGS = ["kettle", "laptop", "monitor", "tent", "camera", "lamp"]
+PEOPLE = ["Alice", "Bob", "Carol"]
+BASE = datetime(2025, 1, 1, tzinfo=timezone.utc)
+QUESTIONS = [f"what did {p} buy, the {t}?" for p in PEOPLE for t in THINGS[:4]]
+
+
+def _fill(mem: Memory, user: str) -> None:
+    requests: list[dict[str, Any]] = []
+    for i in range(90):
+        who, what = PEOPLE[i % 3], THINGS[i % 6]
+        requests.append({"text": f"{who} bought the {what} number {i} on trip {i % 7}",
+                         "created_at": BASE + timedelta(hours=i)})
+    for i in range(12):
+        requests.append({"kind": "summary", "created_at": BASE + timedelta(hours=5 * i),
+                         "text": f"Summary of chat {i}: {PEOPLE[i % 3]} talked about the "
+                                 f"{THINGS[(i * 5) % 6]} and the {THINGS[(i + 2) % 6]}"})
+    for i in range(6):
+        requests.append({"kind": "procedure", "created_at": BASE + timedelta(hours=3 * i),
+                         "text": f"To return a {THINGS[i]}: print the label, then call "
+                                 f"{PEOPLE[(i + 1) % 3]}"})
+    mem.add_many(user, requests)
+    mem.remember(user, "shop", "prefers the Shop11 store")
+
+
+@pytest.fixture()
+def queries(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many nearest-neighbour searches reach Chroma (the real ones, counted on the way)."""
+    calls = [0]
+    real = Collection.query
+
+    def counted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Collection, "query", counted)
+    yield calls
+
+
+def test_each_section_is_what_its_own_search_ranks_first(mem: Memory, unique_user: str) -> None:
+    _fill(mem, unique_user)
+    for question in QUESTIONS:
+        ctx = mem.context(unique_user, question, max_tokens=4000)
+        shown = {section: [line.memory_id for line in ctx.lines if line.section == section]
+                 for section in ("memories", "episodes", "procedures")}
+        hits = mem.search(unique_user, question, limit=30)
+        summaries = mem.search(unique_user, question, limit=2, where={"kind": "summary"})
+        procedures = mem.search(unique_user, question, limit=3, where={"kind": "procedure"})
+        assert summaries and procedures, question
+        # a summary or procedure among the memories' hits is shown once, in its own section
+        by_kind = {kind: {h.item.id for h in hits if h.item.kind == kind}
+                   for kind in ("summary", "procedure")}
+        assert set(shown["episodes"]) == by_kind["summary"] | {h.item.id for h in summaries}
+        assert set(shown["procedures"]) == (by_kind["procedure"]
+                                            | {h.item.id for h in procedures})
+        assert shown["memories"] == [h.item.id for h in hits
+                                     if h.item.kind not in ("summary", "procedure")
+                                     and h.item.key is None], question
+
+
+def test_one_context_is_one_nearest_neighbour_search(
+    mem: Memory, unique_user: str, queries: list[int]
+) -> None:
+    _fill(mem, unique_user)
+    mem.context(unique_user, "warm up the reads")  # loads what a first touch loads
+    for question in QUESTIONS:
+        before = queries[0]
+        ctx = mem.context(unique_user, question)
+        assert {line.section for line in ctx.lines} >= {"episodes", "procedures", "memories"}
+        assert queries[0] - before == 1, question
