@@ -5,7 +5,8 @@ the raw floor (one query embedding + one Chroma query), graph cost, memory and d
 For each size N (default 1,000 and 10,000) one user gets N generated memories — sentences about
 customers, products, cities, dates and amounts, from a fixed seed — through ``Memory.add_many`` in
 batches of 1,000 (local embedder, rule extractor, no LLM), then a sample is added one by one with
-``Memory.add``. Embedding the same texts alone is timed too, so the overhead of storing is visible.
+``Memory.add``; conversation summaries, procedures and key facts join them (see ``World.extras``),
+so that ``context`` fills every section as a chatbot user's does. Embedding the same texts alone is timed too, so the overhead of storing is visible.
 After a warm-up, ``search`` and ``context`` are timed over generated questions, beside the floor
 (embed the query, ``collection.query`` on the same Chroma store) and the graph expansion alone.
 
@@ -85,6 +86,13 @@ MONTHS = """January February March April May June July August September October 
 December""".split()
 
 
+#: One conversation summary per this many memories, one procedure per PROCEDURE_EVERY (see
+#: World.extras), and KEY_FACTS key facts (Memory.remember): every section of a context is filled.
+SUMMARY_EVERY = 50
+PROCEDURE_EVERY = 500
+KEY_FACTS = 10
+
+
 class World:
     """A fixed cast of customers, products and places to write sentences about."""
 
@@ -137,6 +145,24 @@ class World:
     def sentences(self, n: int, seed: int) -> list[str]:
         rng = random.Random(seed)
         return [self.sentence(rng) for _ in range(n)]
+
+    def extras(self, size: int, seed: int) -> list[dict[str, str]]:
+        """What a chatbot's user holds beside plain memories, so that context() fills every
+        section: a conversation summary per :data:`SUMMARY_EVERY` memories and a procedure per
+        :data:`PROCEDURE_EVERY` (at least 5 of each)."""
+        rng = random.Random(seed)
+        out = []
+        for _ in range(max(5, size // SUMMARY_EVERY)):
+            c, p = rng.choice(self.customers), rng.choice(self.products)
+            out.append({"kind": "summary", "text": (
+                f"Chat of {self.date(rng)}: {c} asked about the {p} for {rng.choice(TOPICS)}, "
+                f"compared it with the {rng.choice(self.products)} and mentioned {rng.choice(CITIES)}.")})
+        for _ in range(max(5, size // PROCEDURE_EVERY)):
+            p = rng.choice(self.products)
+            out.append({"kind": "procedure", "text": (
+                f"To return the {p} because {rng.choice(REASONS)}: open a ticket, print the "
+                f"label, ship it from {rng.choice(CITIES)} within {rng.randint(7, 30)} days.")})
+        return out
 
     def questions(self, n: int, seed: int) -> list[str]:
         rng = random.Random(seed)
@@ -278,6 +304,10 @@ def measure_size(
         stored = mem.count(user)
         log.info("n=%d: add_many %.1f s (%.0f memories/s), %d stored", size, add_s, size / add_s,
                  stored)
+        # summaries, procedures and key facts (untimed): context() then fills every section
+        mem.add_many(user, world.extras(size, seed=SEED + size + 3))
+        for n in range(KEY_FACTS):
+            mem.remember(user, f"preference {n}", world.sentence(random.Random(SEED + n)))
         single_times = [timed(lambda t=t: mem.add(user, t))[0] for t in singles]
         log.info("n=%d: add one by one p50 %.1f ms", size, ms_stats(single_times)["p50"])
         out["add"] = {
@@ -482,6 +512,9 @@ def read_path(mem: Any, out: dict[str, Any], *, size: int, user: str, queries: l
         "ids_fetched_mean": statistics.fmean(fetched) if fetched else 0.0,
         "search_over_floor_p50": (
             search["p50"] / floor_stats["p50"] if floor_stats["p50"] else None
+        ),
+        "context_over_floor_p50": (
+            ms_stats(context_times)["p50"] / floor_stats["p50"] if floor_stats["p50"] else None
         ),
         "candidates": pool,
     }
@@ -717,9 +750,9 @@ def rest_rate(data_dir: Path, user: str, queries: list[str], *, seconds: float,
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = ("| memories | add_many /s | embed-only /s | embed share | add() p50 ms "
             "| search p50/p95 ms | context p50/p95 ms | floor p50 ms (embed+chroma) "
-            "| search/floor | lexical p50 ms | graph step p50 ms | graph load ms | RSS MB "
-            "| bytes/memory |")
-    lines = [head, "|" + "---|" * 14]
+            "| search/floor | context/floor | lexical p50 ms | graph step p50 ms | graph load ms "
+            "| RSS MB | bytes/memory |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         a, s, g = r["add"], r["search"], r["graph"]
         ingest = ("| reused | - | - | - " if "reused" in a else
@@ -730,7 +763,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {s['search_ms']['p50']:.1f} / {s['search_ms']['p95']:.1f} "
             f"| {s['context_ms']['p50']:.1f} / {s['context_ms']['p95']:.1f} "
             f"| {s['floor_ms']['p50']:.1f} ({s['floor_embed_ms']['p50']:.1f}+"
-            f"{s['floor_chroma_ms']['p50']:.1f}) | {s['search_over_floor_p50']:.1f}x "
+            f"{s['floor_chroma_ms']['p50']:.1f}) | {s['search_over_floor_p50']:.2f}x "
+            f"| {s.get('context_over_floor_p50') or float('nan'):.2f}x "
             f"| {s['lexical_ms']['p50']:.2f} | {g['activation_ms']['p50']:.2f} "
             f"| {g['load_ms']['p50']:.0f} "
             f"| {r['memory']['rss_mb'] or r['memory']['peak_rss_mb']:.0f} "

@@ -1,5 +1,6 @@
 """One gathering per context(): its memories, summaries and procedures come from one
-nearest-neighbour search, and each section holds what a search of its own would rank first."""
+nearest-neighbour search. The memories are what search() ranks first; without the graph (whose
+one activation starts from the memories' candidates) so is every section."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 from chromadb.api.models.Collection import Collection
 
-from hybridmem import Memory
+from hybridmem import Memory, Settings
+from hybridmem.offline import LocalEmbedder
 
 THINGS = ["kettle", "laptop", "monitor", "tent", "camera", "lamp"]
 PEOPLE = ["Alice", "Bob", "Carol"]
@@ -50,7 +52,16 @@ def queries(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield calls
 
 
-def test_each_section_is_what_its_own_search_ranks_first(mem: Memory, unique_user: str) -> None:
+@pytest.mark.parametrize("graph_weight", [0.0, 1.0])
+def test_each_section_is_what_its_own_search_ranks_first(
+    make_settings: Any, embedder: LocalEmbedder, unique_user: str, graph_weight: float
+) -> None:
+    settings: Settings = make_settings(graph_weight=graph_weight)
+    with Memory(settings, embedder=embedder) as mem:
+        _sections_match_searches(mem, unique_user, exact=graph_weight == 0)
+
+
+def _sections_match_searches(mem: Memory, unique_user: str, *, exact: bool) -> None:
     _fill(mem, unique_user)
     for question in QUESTIONS:
         ctx = mem.context(unique_user, question, max_tokens=4000)
@@ -63,9 +74,16 @@ def test_each_section_is_what_its_own_search_ranks_first(mem: Memory, unique_use
         # a summary or procedure among the memories' hits is shown once, in its own section
         by_kind = {kind: {h.item.id for h in hits if h.item.kind == kind}
                    for kind in ("summary", "procedure")}
-        assert set(shown["episodes"]) == by_kind["summary"] | {h.item.id for h in summaries}
-        assert set(shown["procedures"]) == (by_kind["procedure"]
-                                            | {h.item.id for h in procedures})
+        if exact:
+            assert set(shown["episodes"]) == by_kind["summary"] | {h.item.id for h in summaries}
+            assert set(shown["procedures"]) == (by_kind["procedure"]
+                                                | {h.item.id for h in procedures})
+        else:  # the graph signal comes from the memories' neighbourhood
+            assert by_kind["summary"] <= set(shown["episodes"]) != set(), question
+            assert by_kind["procedure"] <= set(shown["procedures"]) != set(), question
+            kinds = {mem.get(unique_user, m).kind for m in shown["episodes"]}
+            assert kinds == {"summary"}
+            assert {mem.get(unique_user, m).kind for m in shown["procedures"]} == {"procedure"}
         assert shown["memories"] == [h.item.id for h in hits
                                      if h.item.kind not in ("summary", "procedure")
                                      and h.item.key is None], question

@@ -62,6 +62,10 @@ class UserRecords:
     #: the background load), so a search never builds one: first builds of candidates were 15 %
     #: of a context() at 10k memories. A record that cannot be built is left to fail when read.
     build: Callable[[str, str, Mapping[str, Any]], MemoryItem] | None = None
+    #: Embeddings the read path fetched (id -> unit vector), for the few records a section
+    #: ranks here rather than in Chroma (see ChromaVectorStore.query_sections); a record put or
+    #: removed loses its vector, so a changed text is fetched again.
+    vectors: dict[str, Any] = field(default_factory=dict)
 
     def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Insert or replace records (id, document, metadata)."""
@@ -87,6 +91,7 @@ class UserRecords:
                 self._remove(id_)
 
     def _remove(self, id_: str) -> None:
+        self.vectors.pop(id_, None)
         old = self.rows.pop(id_, None)
         if old is None:
             return
@@ -110,6 +115,25 @@ class UserRecords:
         if row.item is None:
             row.item = build(id_, row.document, row.meta)
         return row.item
+
+    def known_vectors(self, ids: Iterable[str]) -> dict[str, Any]:
+        """The fetched vectors of ``ids`` (those not fetched yet are left out)."""
+        with self.lock:
+            return {i: v for i in ids if (v := self.vectors.get(i)) is not None}
+
+    def keep_vectors(self, vectors: Mapping[str, Any]) -> None:
+        """Keep fetched vectors of records the copy holds (others changed meanwhile)."""
+        with self.lock:
+            self.vectors.update((i, v) for i, v in vectors.items() if i in self.rows)
+
+    def narrowed(self, where: Filter | None, at_most: int) -> list[str] | None:
+        """The ids that may match ``where`` when an index other than ``current`` narrows them
+        to at most ``at_most`` (a kind, a key: the few records a section may rank here), else
+        None."""
+        if not any(c.field != "current" for c in _pinned(where)):
+            return None
+        ids = self.candidates(where)
+        return ids if len(ids) <= at_most else None
 
     def candidates(self, where: Filter | None) -> list[str]:
         """Ids that may match ``where`` (a superset; the caller evaluates the filter): the

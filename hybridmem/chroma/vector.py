@@ -69,6 +69,9 @@ SCHEMA_VERSION = 2
 T = TypeVar("T")
 #: How many more neighbours a filtered query fetches before filtering them itself.
 OVERFETCH = 3
+#: A query section whose filter pins a kind (or key) to at most this many records is ranked here,
+#: on their vectors, instead of by Chroma (see ChromaVectorStore._nearest_of).
+LOCAL_SECTION = 2048
 #: (id, document, metadata, similarity) of one neighbour.
 _Found = tuple[str, "str | None", "Mapping[str, Any] | None", float]
 
@@ -527,9 +530,16 @@ class ChromaVectorStore:
         vector = self._vectors([embedding])[0]
         cached = self._cached(user_id)
         merged: builtins.list[builtins.list[_Found]] = [[] for _ in sections]
+        local: set[int] = set()
+        if cached is not None:
+            for n, (limit, where) in enumerate(sections):
+                few = cached.narrowed(where, LOCAL_SECTION) if limit > 0 else None
+                if few is not None:
+                    merged[n] = self._nearest_of(user_id, vector, few, where, cached)
+                    local.add(n)
         for archive in (False, True):
             reading = [n for n, (limit, where) in enumerate(sections)
-                       if limit > 0 and archive in parts_of(where)]
+                       if limit > 0 and archive in parts_of(where) and n not in local]
             if not reading:
                 continue
             fetch = max(_fetch(*sections[n]) for n in reading)
@@ -540,6 +550,40 @@ class ChromaVectorStore:
                                             cached))
         return [self._hits(user_id, rows, limit, cached)
                 for rows, (limit, _where) in zip(merged, sections)]
+
+    def _nearest_of(self, user_id: str, vector: Embedding, ids: Sequence[str],
+                    where: Filter | None, cached: UserRecords) -> builtins.list[_Found]:
+        """The records of ``ids`` that match ``where``, with their cosine similarity to
+        ``vector``, computed here.
+
+        Why: a section that pins a kind (a context()'s summaries, procedures) matches a few
+        records among many. Chroma answers it by scanning every record's metadata (~20 ms at
+        3,000 memories, each context), or by ids at nearly that cost; the few vectors, fetched
+        by id once and kept beside the records, are compared here in microseconds, exactly."""
+        rows = [(i, row) for i in ids if (row := cached.row(i)) is not None
+                and matches(where, row[1])]
+        if not rows:
+            return []
+        known = cached.known_vectors(i for i, _ in rows)
+        missing = [(i, row) for i, row in rows if i not in known]
+        for archive in (False, True):
+            wanted = [i for i, row in missing if archived(row[1]) == archive]
+            if not wanted:
+                continue
+            got = self._run(user_id, "read the memory vectors", lambda c: c.get(
+                ids=wanted, include=["embeddings"]), archive=archive)
+            embeddings = None if got is None else got["embeddings"]
+            if got is None or embeddings is None:
+                continue
+            fetched = {i: _unit(e) for i, e in zip(got["ids"], embeddings)}
+            cached.keep_vectors(fetched)
+            known.update(fetched)
+        rows = [(i, row) for i, row in rows if i in known]
+        if not rows:
+            return []
+        matrix = np.stack([known[i] for i, _ in rows])
+        similarity = matrix @ _unit(vector)
+        return [(i, row[0], row[1], float(s)) for (i, row), s in zip(rows, similarity)]
 
     def _kept(
         self, user_id: str, vector: Embedding, rows: builtins.list[_Found], fetch: int,
@@ -687,3 +731,10 @@ def _fetch(limit: int, where: Filter | None) -> int:
     """How many neighbours a query of ``limit`` asks Chroma for: more when part of the filter is
     applied here (see :meth:`ChromaVectorStore.query`)."""
     return limit * OVERFETCH if residual(where) is not None else limit
+
+
+def _unit(vector: Any) -> Any:
+    """``vector`` as a float32 array of length 1 (cosine similarity is then a dot product)."""
+    array = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(array))
+    return array / norm if norm > 0 else array
