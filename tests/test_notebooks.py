@@ -4,7 +4,7 @@ They are committed *with* their outputs (so the graph picture shows when browsin
 Each test run executes every notebook afresh and compares what each code cell shows with the
 committed outputs, after :func:`normalise` has replaced what differs between two honest runs
 (temporary paths, memory ids, dates, millisecond timings, the bytes of an image): a committed
-output that no longer matches the code fails the test. After changing a notebook or anything it
+output that differs from what the code shows fails the test. After changing a notebook or anything it
 shows, refresh them all with ``python tests/test_notebooks.py`` (offline; no ``HYBRIDMEM_*`` or
 ``OPENAI_*`` variable is used).
 
