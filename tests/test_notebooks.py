@@ -4,9 +4,9 @@ They are committed *with* their outputs (so the graph picture shows when browsin
 Each test run executes every notebook afresh and compares what each code cell shows with the
 committed outputs, after :func:`normalise` has replaced what differs between two honest runs
 (temporary paths, memory ids, dates, millisecond timings, the bytes of an image): a committed
-output that differs from what the code shows fails the test. After changing a notebook or anything it
-shows, refresh them all with ``python tests/test_notebooks.py`` (offline; no ``HYBRIDMEM_*`` or
-``OPENAI_*`` variable is used).
+output that differs from what the code shows fails the test. After changing a notebook or
+anything it shows, refresh them all with ``python tests/test_notebooks.py`` (offline; no
+``HYBRIDMEM_*`` or ``OPENAI_*`` variable is used).
 
 Each notebook runs with ``nbclient`` in an empty temporary working directory (a notebook must not
 depend on where it is opened) and with ``TMPDIR`` pointing into the test's own folder, where the
@@ -175,7 +175,8 @@ def test_committed_with_outputs_and_no_error(path: Path) -> None:
             assert not (out.output_type == "stream" and out.name == "stderr"), (
                 cell.source[:60], out.text[:200])
     if path.stem == "02_ecommerce_graph":  # the picture is what a browser of the repo comes for
-        assert any("image/png" in out.get("data", {}) for out in tagged(nb, "graph-picture").outputs)
+        picture = tagged(nb, "graph-picture")
+        assert any("image/png" in out.get("data", {}) for out in picture.outputs)
     if path.stem == "01_quickstart":
         assert "Dell UltraSharp 4K monitor" in text_of(tagged(nb, "search"))
 
@@ -205,7 +206,8 @@ def check_ecommerce(nb: nbformat.NotebookNode) -> None:
     assert any("image/png" in out.get("data", {}) for out in picture.outputs)
     graph = text_of(tagged(nb, "graph")).splitlines()
     assert len(graph) - 1 == int(graph[0].split(", ")[1].split()[0])  # one line per relation
-    products = json.loads((ROOT / "hybridmem" / "demo_data" / "products.json").read_text(encoding="utf-8"))
+    catalogue = ROOT / "hybridmem" / "demo_data" / "products.json"
+    products = json.loads(catalogue.read_text(encoding="utf-8"))
     names = {p["name"] for p in products}
     printed = text_of(tagged(nb, "recommend"))
     owns = printed.split("\n")[0]
