@@ -426,6 +426,13 @@ class AsyncMemory:
         """A copy of the user's entity graph (see :meth:`Memory.graph`)."""
         return await self._run(partial(self._memory.graph, user_id, as_of=as_of))
 
+    async def export_graph(
+        self, user_id: str, *, format: str = "node-link", as_of: datetime | None = None
+    ) -> bytes:
+        """The user's entity graph as a file (see :meth:`Memory.export_graph`)."""
+        return await self._run(partial(self._memory.export_graph, user_id, format=format,
+                                       as_of=as_of))
+
     async def stats(self, user_id: str) -> UserStats:
         """Counts for one user (see :meth:`Memory.stats`)."""
         return await self._run(partial(self._memory.stats, user_id))

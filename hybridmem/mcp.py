@@ -7,13 +7,14 @@ Built on the official ``mcp`` SDK (``MCPServer``, the SDK's name for FastMCP sin
 =================  ===============================================  ==============================
 tool               does                                             returns (structured JSON)
 =================  ===============================================  ==============================
-add_memory         store one memory                                 MemoryItem
+add_memory         store one memory (a fact, a procedure, ...)      MemoryItem
 add_messages       store conversation turns                         {"memories": [MemoryItem]}
 search_memories    hybrid search                                    {"hits": [Hit]}
 build_context      the best memories within a token budget          Context
 remember_fact      upsert a key fact (one current value per key)    MemoryItem
 list_facts         the current key facts                            {"memories": [MemoryItem]}
 forget             one memory; a whole user only with confirm=true  {"removed": int}
+prune_memories     the retention policy; a dry run unless told      {"dry_run", "memories"}
 =================  ===============================================  ==============================
 
 The user is explicit: every tool takes ``user_id``, unless the server was started for one user
@@ -37,7 +38,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import anyio
 from pydantic import BaseModel, Field, ValidationError
@@ -48,6 +49,7 @@ from hybridmem.models import (
     MAX_LIMIT,
     Context,
     Hit,
+    Kind,
     MemoryItem,
     MetadataValue,
     pydantic_message,
@@ -58,8 +60,8 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
-__all__ = ["DEFAULT_PORT", "Forgotten", "Hits", "Memories", "Message", "create_server", "main",
-           "run"]
+__all__ = ["DEFAULT_PORT", "Forgotten", "Hits", "Memories", "Message", "Pruned", "create_server",
+           "main", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,13 @@ class Forgotten(BaseModel):
     removed: int
 
 
+class Pruned(BaseModel):
+    """What the retention policy removed, or with ``dry_run`` would remove."""
+
+    dry_run: bool
+    memories: list[MemoryItem]
+
+
 class Message(BaseModel):
     """One conversation turn."""
 
@@ -105,6 +114,12 @@ UserId = Annotated[str, Field(description="Whose memory this is: a stable id of 
 Text = Annotated[str, Field(description="What to remember, as one self-contained statement.")]
 Category = Annotated[str, Field(description="A label such as purchase, preference, profile.")]
 Importance = Annotated[float, Field(description="0 to 1; higher is kept longer and ranked up.")]
+# A plain string in the schema's enum: a wrong kind reaches Memory.add, which refuses it with a
+# typed InvalidInputError (a Literal would be refused first by the SDK, with an untyped message).
+MemoryKind = Annotated[str, Field(
+    description="fact (the default: something about the user), procedure (how-to steps that "
+    "worked, offered again in contexts), turn (a conversation turn) or summary.",
+    json_schema_extra={"enum": list(get_args(Kind))})]
 Metadata = Annotated[dict[str, MetadataValue] | None,
                      Field(description="Optional flat key/value metadata.")]
 Messages = Annotated[list[Message], Field(description="Turns in order, oldest first.")]
@@ -121,6 +136,12 @@ Key = Annotated[str, Field(description="The fact's name, e.g. city, diet, laptop
 Value = Annotated[str, Field(description="The fact's current value.")]
 MemoryId = Annotated[str | None, Field(description="The memory to forget; null means every one.")]
 Confirm = Annotated[bool, Field(description="Must be true to forget every memory of the user.")]
+DryRun = Annotated[bool, Field(
+    description="true (the default): only list what would be removed; false: remove it.")]
+MinImportance = Annotated[float, Field(
+    description="Idle memories below this importance (0 to 1) go.")]
+IdleDays = Annotated[float, Field(
+    description="Days without an access (or since creation) that make a memory idle.")]
 
 ToolFn = Callable[..., Awaitable[Any]]
 
@@ -143,11 +164,13 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
     )
 
     async def add_memory(user_id: UserId, text: Text, category: Category = "general",
-                         importance: Importance = 0.5, metadata: Metadata = None) -> MemoryItem:
-        """Store one memory (a fact about the user) and return it; an identical or
-        near-identical fact is merged into the existing memory instead of stored twice."""
+                         importance: Importance = 0.5, metadata: Metadata = None,
+                         kind: MemoryKind = "fact") -> MemoryItem:
+        """Store one memory (a fact about the user, or with kind="procedure" steps that
+        worked) and return it; an identical or near-identical fact is merged into the existing
+        memory instead of stored twice."""
         return await memory.add(user_id, text, category=category, importance=importance,
-                                metadata=metadata)
+                                metadata=metadata, kind=kind)
 
     async def add_messages(user_id: UserId, messages: Messages) -> Memories:
         """Store conversation turns ({"role", "content"}) as memories of kind "turn"."""
@@ -192,6 +215,16 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
             )
         return Forgotten(removed=await memory.forget(user_id, memory_id))
 
+    async def prune_memories(user_id: UserId, dry_run: DryRun = True,
+                             min_importance: MinImportance = 0.1,
+                             idle_days: IdleDays = 120.0) -> Pruned:
+        """Apply the retention policy: expired memories, and memories below min_importance
+        idle for idle_days. A dry run (the default) removes nothing and lists what would go;
+        dry_run=false removes it."""
+        found = await memory.prune(user_id, dry_run=dry_run, min_importance=min_importance,
+                                   idle_days=idle_days)
+        return Pruned(dry_run=dry_run, memories=found)
+
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
     tools: list[tuple[ToolFn, ToolAnnotations]] = [
@@ -199,6 +232,8 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
         (build_context, reads), (remember_fact, writes), (list_facts, reads),
         (forget, ToolAnnotations(read_only_hint=False, destructive_hint=True,
                                  idempotent_hint=True, open_world_hint=False)),
+        (prune_memories, ToolAnnotations(read_only_hint=False, destructive_hint=True,
+                                         idempotent_hint=True, open_world_hint=False)),
     ]
     def refusal(exc: HybridMemError) -> CallToolResult:
         return CallToolResult(is_error=True, content=[

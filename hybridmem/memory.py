@@ -43,6 +43,7 @@ from hybridmem.errors import (
     NotFoundError,
 )
 from hybridmem.filters import all_of, as_of_filter, eq, memory_filter
+from hybridmem.graph.export import check_format, graph_bytes
 from hybridmem.models import (
     MAX_LIMIT,
     AddRequest,
@@ -94,6 +95,15 @@ MAX_CONTEXT_PROCEDURES = 3
 MAX_CONTEXT_FACTS = 10
 #: Longest key of :meth:`Memory.remember`.
 MAX_KEY_CHARS = 100
+#: Longest idle time :meth:`Memory.prune` takes (a thousand years: the cutoff stays a real date).
+MAX_IDLE_DAYS = 365_000.0
+
+
+def _check_number(name: str, value: object, top: float) -> None:
+    """Refuse anything but a finite number from 0 to ``top`` (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 0 <= value <= top):
+        raise InvalidInputError(f"{name} must be a number from 0 to {top:g}, got {value!r}")
 
 
 class Memory:
@@ -402,8 +412,14 @@ class Memory:
     ) -> builtins.list[MemoryItem]:
         """Apply the retention policy: expired memories, and memories with importance below
         ``min_importance`` not accessed (or created) for ``idle_days``. Returns what is (or, with
-        ``dry_run``, would be) removed."""
+        ``dry_run``, would be) removed; a dry run changes nothing stored. ``min_importance``
+        runs from 0 to 1 and ``idle_days`` from 0 to :data:`MAX_IDLE_DAYS`
+        (:class:`InvalidInputError` otherwise, before anything is read)."""
         self._check(user_id)
+        if not isinstance(dry_run, bool):
+            raise InvalidInputError(f"dry_run must be true or false, got {dry_run!r}")
+        _check_number("min_importance", min_importance, 1.0)
+        _check_number("idle_days", idle_days, MAX_IDLE_DAYS)
         self._access.flush(user_id)
         with self._lock(user_id):
             expired, idle = policy.doomed(self._stores.vectors.list(user_id), now=utcnow(),
@@ -609,6 +625,18 @@ class Memory:
             return self._stores.graph.graph(user_id)
         recorded = self._stores.vectors.list(user_id, where=as_of_filter(when, valid_only=False))
         return self._stores.graph.graph(user_id, [item.id for item in recorded])
+
+    def export_graph(
+        self, user_id: str, *, format: str = "node-link", as_of: datetime | None = None
+    ) -> bytes:
+        """The user's entity graph (:meth:`graph`) as a file graph tools open: ``"node-link"``
+        JSON (``nx.node_link_graph(data, edges="edges")`` reads it back), ``"graphml"`` or
+        ``"gexf"``, UTF-8, written by NetworkX's own writers. GraphML and GEXF hold scalars
+        only: there times are ISO 8601 text and sets, lists and the evidence JSON text. Media
+        types: :data:`hybridmem.models.GRAPH_FORMATS`. An unknown ``format`` is refused with
+        :class:`InvalidInputError` before anything is read."""
+        check_format(format)
+        return graph_bytes(self.graph(user_id, as_of=as_of), format)
 
     def stats(self, user_id: str) -> UserStats:
         """Counts for one user: memories (all and current), graph entities and relations; and

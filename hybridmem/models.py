@@ -36,7 +36,9 @@ __all__ = [
     "ContextLine",
     "Entity",
     "Extraction",
+    "GRAPH_FORMATS",
     "GraphEntity",
+    "GraphFormat",
     "GraphRelation",
     "HistoryEvent",
     "Hit",
@@ -233,6 +235,14 @@ Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 Kind = Literal["fact", "turn", "summary", "procedure"]
 #: The sections of a context, in the order they are rendered.
 Section = Literal["facts", "relations", "procedures", "episodes", "memories"]
+#: The file formats a user's entity graph is exported in (see :meth:`Memory.export_graph`).
+GraphFormat = Literal["node-link", "graphml", "gexf"]
+#: Each graph export format and the media type a file in it is served as.
+GRAPH_FORMATS: dict[str, str] = {
+    "node-link": "application/json",
+    "graphml": "application/graphml+xml",
+    "gexf": "application/gexf+xml",
+}
 
 
 class MemoryItem(_Model):

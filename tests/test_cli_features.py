@@ -1,9 +1,11 @@
 """The CLI faces of min_score, as_of, budgets and procedures (and, below, backups,
-re-embedding and the purge): real commands on a real data dir through Typer's runner."""
+re-embedding, the purge, key facts, listing and pruning): real commands on a real data dir
+through Typer's runner."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,57 @@ def test_purge_makes_erasures_physical_now(cli: CliRunner, tmp_path: Path) -> No
     (tmp_path / "hm" / "chroma" / "purge.pending").write_bytes(left)
     assert "purged" in run(cli, "purge")
     assert not (tmp_path / "hm" / "chroma" / "purge.pending").exists()
+
+
+def test_remember_facts_list_and_search_by_category(cli: CliRunner) -> None:
+    first = run(cli, "remember", "u1", "city", "Lyon", "--category", "profile").strip()
+    fact = json.loads(run(cli, "remember", "u1", "city", "Paris", "--category", "profile",
+                          "--json"))
+    assert fact["key"] == "city" and fact["text"] == "city: Paris" and fact["id"] != first
+    run(cli, "remember", "u1", "diet", "vegetarian", "--importance", "0.9")
+    assert run(cli, "facts", "u1").splitlines() == ["city: Paris", "diet: vegetarian"]
+    facts = json.loads(run(cli, "facts", "u1", "--category", "profile", "--json"))
+    assert [f["text"] for f in facts] == ["city: Paris"]
+    assert json.loads(run(cli, "facts", "nobody", "--json")) == []
+
+    run(cli, "add", "u1", "I bought a Nighthawk router.", "--category", "purchase")
+    run(cli, "add", "u1", "I want a router with WiFi 7.", "--category", "wish")
+    listed = json.loads(run(cli, "list", "u1", "--json"))
+    assert [m["text"] for m in listed] == [  # current memories, oldest first
+        "city: Paris", "diet: vegetarian", "I bought a Nighthawk router.",
+        "I want a router with WiFi 7."]
+    assert [m["text"] for m in json.loads(run(cli, "list", "u1", "--limit", "1", "--json"))] == [
+        "city: Paris"]
+    wishes = json.loads(run(cli, "list", "u1", "--category", "wish", "--json"))
+    assert [m["category"] for m in wishes] == ["wish"]
+    assert "Nighthawk" in run(cli, "list", "u1", "--category", "purchase")
+
+    hits = json.loads(run(cli, "search", "u1", "router", "--json"))
+    assert {h["item"]["category"] for h in hits} >= {"purchase", "wish"}
+    hits = json.loads(run(cli, "search", "u1", "router", "--category", "wish", "--json"))
+    assert [h["item"]["text"] for h in hits] == ["I want a router with WiFi 7."]
+
+    assert "error:" in run(cli, "remember", "u1", "", "x", code=1)
+    assert "error:" in run(cli, "list", "../etc", code=1)
+    run(cli, "list", "u1", "--limit", "0", code=2)
+
+
+def test_prune_dry_run_then_for_real(cli: CliRunner, tmp_path: Path) -> None:
+    from hybridmem import Memory, Settings
+
+    old = datetime.now(timezone.utc) - timedelta(days=400)
+    with Memory(Settings(data_dir=tmp_path / "hm", embedder="hash")) as mem:
+        stale = mem.add("u1", "Asked once about gift wrapping.", importance=0.05, created_at=old)
+        mem.add("u1", "Loyalty tier is gold.", importance=0.9, created_at=old)
+    dry = json.loads(run(cli, "prune", "u1", "--dry-run", "--json"))
+    assert dry["dry_run"] is True and [m["id"] for m in dry["memories"]] == [stale.id]
+    assert "would remove 1 memory (dry run)" in run(cli, "prune", "u1", "--dry-run")
+    assert len(json.loads(run(cli, "list", "u1", "--json"))) == 2
+    # a tighter policy finds nothing, and removes nothing
+    assert "removed 0 memories" in run(cli, "prune", "u1", "--idle-days", "1000")
+    done = run(cli, "prune", "u1")
+    assert stale.id in done and "removed 1 memory" in done
+    assert [m["text"] for m in json.loads(run(cli, "list", "u1", "--json"))] == [
+        "Loyalty tier is gold."]
+    run(cli, "prune", "u1", "--min-importance", "2", code=2)
+    assert "error:" in run(cli, "prune", "a..b", code=1)

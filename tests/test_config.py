@@ -100,6 +100,7 @@ MEMORY_METHODS = {
     "embedder": "property",
     "entities": "user_id",
     "export": "user_id",
+    "export_graph": "user_id *format *as_of",
     "extractor": "property",
     "facts": "user_id *category *as_of",
     "flush_access": "",

@@ -1,24 +1,33 @@
-"""``Memory.graph`` and ``hybridmem graph export``: the user's entity graph as a NetworkX
-DiGraph, in time (``as_of``) and in files NetworkX reads back; and the ``graph.json`` a clean
+"""``Memory.graph``, ``Memory.export_graph``, ``hybridmem graph export`` and ``GET
+/v1/users/{user_id}/graph``: the user's entity graph as a NetworkX DiGraph, in time (``as_of``)
+and in files NetworkX reads back, the same bytes from every face; and the ``graph.json`` a clean
 close leaves."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import get_args
 
+import httpx
 import networkx as nx
 import pytest
 from typer.testing import CliRunner
 
-from hybridmem import Memory, Settings
+from hybridmem import InvalidInputError, Memory, Settings
 from hybridmem.cli import app
+from hybridmem.cli.commands import GraphFormatOpt
 from hybridmem.graph import NetworkXGraphStore
+from hybridmem.graph.export import graph_bytes
+from hybridmem.models import GRAPH_FORMATS, GraphFormat
+from hybridmem.server import create_app
 from hybridmem.graph.store import GRAPH_FILE, LOG_FILE
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.runtime.files import user_dir
+from uvicorn_thread import serve
 
 JAN = datetime(2026, 1, 10, tzinfo=timezone.utc)
 FEB = datetime(2026, 2, 1, tzinfo=timezone.utc)
@@ -145,3 +154,55 @@ def test_cli_exports_graphml_gexf_and_node_link_that_networkx_reads(
     assert result.exit_code == 2
     result = runner.invoke(app, ["graph", "export", "", "--data-dir", str(data_dir)])
     assert result.exit_code == 1 and "error:" in result.output
+
+
+def test_rest_serves_the_graph_networkx_reads_back_in_every_format(mem: Memory) -> None:
+    first, _ = _fill(mem)
+    expected = mem.graph(USER)
+    with serve(create_app(mem, api_keys=[])) as url, httpx.Client(base_url=url, timeout=30) as c:
+        path = f"/v1/users/{USER}/graph"
+        got = c.get(path, params={"format": "graphml"})
+        assert got.status_code == 200, got.text
+        assert got.headers["content-type"] == "application/graphml+xml"
+        back = nx.read_graphml(io.BytesIO(got.content))
+        assert set(back.nodes) == set(expected.nodes) and set(back.edges) == set(expected.edges)
+        node = back.nodes["rog laptop"]
+        assert node["mentions"] == 2 and set(json.loads(node["memory_ids"])) == (
+            expected.nodes["rog laptop"]["memory_ids"])
+        # one serialiser for every face: the body is the bytes the library writes
+        assert got.content == mem.export_graph(USER, format="graphml")
+
+        got = c.get(path, params={"format": "gexf"})
+        assert got.headers["content-type"] == "application/gexf+xml"
+        back = nx.read_gexf(io.BytesIO(got.content))
+        assert set(back.nodes) == set(expected.nodes) and set(back.edges) == set(expected.edges)
+
+        got = c.get(path)  # node-link JSON by default
+        assert got.headers["content-type"] == "application/json"
+        back = nx.node_link_graph(got.json(), edges="edges")
+        assert set(back.nodes) == set(expected.nodes) and set(back.edges) == set(expected.edges)
+
+        then = c.get(path, params={"as_of": FEB.isoformat(), "format": "graphml"})
+        back = nx.read_graphml(io.BytesIO(then.content))
+        assert set(back.nodes) == set(mem.graph(USER, as_of=FEB).nodes)
+        assert "dell 4k monitor" not in back and json.loads(
+            back.nodes["rog laptop"]["memory_ids"]) == [first]
+        assert c.get(path, params={"as_of": "2025-01-01"}).json()["nodes"] == []
+
+        bad = c.get(path, params={"format": "svg"})
+        assert bad.status_code == 422 and "graphml" in bad.text
+        bad = c.get("/v1/users/a..b/graph")
+        assert bad.status_code == 422 and bad.json()["error"]["type"] == "InvalidUserIdError"
+        doc = c.get("/openapi.json").json()["paths"]["/v1/users/{user_id}/graph"]["get"]
+        assert doc["operationId"] == "graph"
+        assert set(doc["responses"]["200"]["content"]) == set(GRAPH_FORMATS.values())
+
+
+def test_one_list_of_formats_for_every_face(mem: Memory) -> None:
+    assert set(GRAPH_FORMATS) == set(get_args(GraphFormat)) == {f.value for f in GraphFormatOpt}
+    for bad in ("svg", "GraphML", None):
+        with pytest.raises(InvalidInputError, match="node-link, graphml, gexf"):
+            mem.export_graph(USER, format=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            graph_bytes(nx.DiGraph(), bad)  # type: ignore[arg-type]
+    assert nx.node_link_graph(json.loads(mem.export_graph(USER)), edges="edges").number_of_nodes() == 0

@@ -12,11 +12,12 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import networkx as nx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings as hsettings
 from hypothesis import strategies as st
 
-from hybridmem import Memory, Settings
+from hybridmem import InvalidInputError, Memory, Settings
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 
 T0 = datetime(2026, 6, 1, 9, 0, tzinfo=timezone.utc)
@@ -109,6 +110,63 @@ def test_access_counts_and_prune(settings: Settings, embedder: LocalEmbedder) ->
         actions = {e.memory_id: e.action for e in mem.history("u") if e.action != "add"}
         assert actions[stale.id] == "delete" and "expire" in actions.values()
         assert all(e.text is None for e in mem.history("u", stale.id))
+
+
+def _user_files(data_dir: Path) -> dict[str, bytes]:
+    """Every file of every user's folder, by path: the graph, lexical index and history."""
+    users = data_dir / "users"
+    return {str(p.relative_to(users)): p.read_bytes()
+            for p in sorted(users.rglob("*")) if p.is_file()}
+
+
+def _bundle(mem: Memory) -> dict[str, object]:
+    """Everything stored of user "u" (its export, less the time of the export)."""
+    return {k: v for k, v in mem.export("u").items() if k != "exported_at"}
+
+
+def test_a_dry_run_prune_changes_nothing_a_real_one_removes(
+    settings: Settings, embedder: LocalEmbedder
+) -> None:
+    old = datetime.now(timezone.utc) - timedelta(days=400)
+    with Memory(settings, embedder=embedder) as mem:
+        stale = mem.add("u", "Bought the Nighthawk router from Dana's shop.", importance=0.05,
+                        created_at=old)
+        mem.add("u", "Loyalty tier is gold.", importance=0.9, created_at=old)
+        coupon = mem.add("u", "Coupon SPRING5 valid this week.",
+                         expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+    # Embedded, the user's graph, lexical index and history are files here (with a Chroma
+    # server they live there, and the export below covers them).
+    files = _user_files(settings.data_dir)
+    assert bool(files) == (settings.chroma_url is None)
+    with Memory(settings, embedder=embedder) as mem:
+        bundle, events, graph = _bundle(mem), mem.history("u"), mem.graph("u")
+        assert "nighthawk router" in graph
+        plan = mem.prune("u", dry_run=True)
+        assert [i.id for i in plan] == [coupon.id, stale.id]  # expired first, then idle
+        assert _bundle(mem) == bundle and mem.history("u") == events
+        assert nx.utils.graphs_equal(mem.graph("u"), graph)
+    assert _user_files(settings.data_dir) == files  # byte for byte
+    with Memory(settings, embedder=embedder) as mem:
+        assert [i.id for i in mem.prune("u", dry_run=False)] == [coupon.id, stale.id]
+        assert mem.count("u") == 1 and _bundle(mem) != bundle
+        assert "nighthawk router" not in mem.graph("u")
+        assert mem.prune("u", dry_run=False) == []
+    assert _user_files(settings.data_dir) != files or settings.chroma_url is not None
+
+
+@pytest.mark.parametrize("bad", [
+    {"dry_run": "no"}, {"dry_run": None}, {"min_importance": 1.5}, {"min_importance": -0.1},
+    {"min_importance": float("nan")}, {"idle_days": -1}, {"idle_days": float("inf")},
+    {"idle_days": 1e9}, {"idle_days": "120"}, {"idle_days": True},
+])
+def test_prune_refuses_bad_thresholds_with_a_typed_error(
+    mem: Memory, bad: dict[str, object]
+) -> None:
+    mem.add("u", "Coupon SPRING5 valid this week.",
+            expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+    with pytest.raises(InvalidInputError):
+        mem.prune("u", **{"dry_run": False, **bad})  # type: ignore[arg-type]
+    assert mem.count("u") == 1
 
 
 def _scan(root: Path, needles: list[bytes]) -> list[str]:
@@ -264,7 +322,7 @@ def scrubbed():  # glibc's M_PERTURB fills a fresh (non-tcache) allocation with 
     p = libc.malloc(4096); data = ctypes.string_at(p, 4096); libc.free(p)
     return set(data[16:]) == {0xFF ^ 0x5A}
 before = scrubbed()
-from hybridmem import Memory, Settings
+from hybridmem import InvalidInputError, Memory, Settings
 from hybridmem.offline import HashEmbedder
 with Memory(Settings(data_dir=Path(sys.argv[1]), scrub_heap=sys.argv[2] == "on"),
             embedder=HashEmbedder(8)) as mem:

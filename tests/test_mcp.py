@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"add_memory", "add_messages", "search_memories", "build_context", "remember_fact",
-         "list_facts", "forget"}
+         "list_facts", "forget", "prune_memories"}
 
 
 @pytest.fixture
@@ -153,6 +154,45 @@ async def test_fixed_user_has_no_user_parameter(tmp_path: Path) -> None:
         await call(session, "add_memory", text="Alice rides a bike", user_id="mallory")
     with Memory(Settings(data_dir=data, embedder="hash")) as mem:
         assert mem.count("alice") == 2 and mem.count("mallory") == 0
+
+
+async def test_procedures_and_pruning(tmp_path: Path) -> None:
+    data = tmp_path / "hm"
+    old = datetime.now(timezone.utc) - timedelta(days=400)
+    with Memory(Settings(data_dir=data, embedder="hash")) as mem:
+        stale = mem.add("bob", "Asked once about gift wrapping.", importance=0.05, created_at=old)
+        mem.add("bob", "Loyalty tier is gold.", importance=0.9, created_at=old)
+    async with stdio_session(data) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        kind = tools["add_memory"].input_schema["properties"]["kind"]
+        assert kind["enum"] == ["fact", "turn", "summary", "procedure"]
+        assert tools["prune_memories"].annotations.destructive_hint is True
+
+        # pruning first: a search counts as an access, and an accessed memory is not idle
+        dry = await call(session, "prune_memories", user_id="bob")
+        assert dry["dry_run"] is True and [m["id"] for m in dry["memories"]] == [stale.id]
+        again = await call(session, "prune_memories", user_id="bob")
+        assert [m["id"] for m in again["memories"]] == [stale.id]  # the dry run removed nothing
+        done = await call(session, "prune_memories", user_id="bob", dry_run=False)
+        assert done["dry_run"] is False and [m["id"] for m in done["memories"]] == [stale.id]
+        assert (await call(session, "prune_memories", user_id="bob"))["memories"] == []
+        bad = await error(session, "prune_memories", user_id="bob", min_importance=7)
+        assert bad.startswith("InvalidInputError: min_importance")
+
+        steps = await call(session, "add_memory", user_id="bob", kind="procedure",
+                           text="To reset the router: hold the reset button for 10 seconds.")
+        assert steps["kind"] == "procedure"
+        assert (await call(session, "add_memory", user_id="bob",
+                           text="I bought a Nighthawk router."))["kind"] == "fact"
+        ctx = await call(session, "build_context", user_id="bob", query="how to reset my router")
+        assert "procedures" in {line["section"] for line in ctx["lines"]}
+        refused = await error(session, "add_memory", user_id="bob", text="x", kind="recipe")
+        assert refused.startswith("InvalidInputError:") and "procedure" in refused
+
+    with Memory(Settings(data_dir=data, embedder="hash")) as mem:
+        assert sorted(m.text for m in mem.list("bob")) == [
+            "I bought a Nighthawk router.", "Loyalty tier is gold.",
+            "To reset the router: hold the reset button for 10 seconds."]
 
 
 def _free_port() -> int:

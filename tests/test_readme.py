@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,6 +240,8 @@ def test_rest_examples_run_against_a_real_server(
         assert [f.key for f in mem.facts("client_1")] == ["city"]
         exported = json.loads((tmp_path / "client_1.json").read_text(encoding="utf-8"))
         assert len(exported["memories"]) == 5
+        graph = nx.read_graphml(tmp_path / "client_1.graphml")
+        assert set(graph.nodes) == set(mem.graph("client_1").nodes) and graph.number_of_nodes()
 
 
 def test_readme_is_a_short_read_and_its_links_resolve() -> None:

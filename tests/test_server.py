@@ -335,6 +335,7 @@ ROUTES = {
     "/v1/users/{user_id}/memories/{memory_id}": {
         "get": "get_memory", "patch": "update_memory", "delete": "delete_memory"},
     "/v1/users/{user_id}/messages": {"post": "add_messages"},
+    "/v1/users/{user_id}/prune": {"post": "prune"},
     "/v1/users/{user_id}/history": {"get": "history"},
     "/v1/users/{user_id}/facts": {"get": "facts", "post": "remember"},
     "/v1/users/{user_id}/search": {"post": "search"},
@@ -342,6 +343,7 @@ ROUTES = {
     "/v1/users/{user_id}/entities": {"get": "entities"},
     "/v1/users/{user_id}/relations": {"get": "relations"},
     "/v1/users/{user_id}/path": {"get": "query_path"},
+    "/v1/users/{user_id}/graph": {"get": "graph"},
     "/v1/users/{user_id}/chat": {"post": "chat"},
     "/v1/users/{user_id}/stats": {"get": "stats"},
     "/v1/users/{user_id}/export": {"get": "export"},

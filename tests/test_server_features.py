@@ -1,7 +1,8 @@
-"""The REST faces of min_score, as_of, budgets and procedures, over real HTTP."""
+"""The REST faces of min_score, as_of, budgets, procedures and pruning, over real HTTP."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -54,3 +55,35 @@ def test_context_is_the_models_json_and_documented_as_context(tmp_path: Path) ->
         schema = c.get("/openapi.json").json()["paths"]["/v1/users/{user_id}/context"]["post"]
         ok = schema["responses"]["200"]["content"]["application/json"]["schema"]
         assert ok == {"$ref": "#/components/schemas/Context"}
+
+
+def test_prune_is_a_dry_run_unless_told(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "hm", extractor="rules")
+    old = datetime.now(timezone.utc) - timedelta(days=400)
+    with Memory(settings, embedder=HashEmbedder()) as mem, serve(
+            create_app(mem, api_keys=[])) as url, httpx.Client(base_url=url, timeout=30) as c:
+        stale = mem.add("u1", "Asked once about gift wrapping.", importance=0.05, created_at=old)
+        coupon = mem.add("u1", "Coupon SPRING5 valid this week.",
+                         expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+        mem.add("u1", "Loyalty tier is gold.", importance=0.9, created_at=old)
+        before = mem.history("u1")
+        path = "/v1/users/u1/prune"
+        for dry in (c.post(path), c.post(path, json={}), c.post(path, json={"dry_run": True})):
+            assert dry.status_code == 200, dry.text
+            assert dry.json()["dry_run"] is True
+            assert [m["id"] for m in dry.json()["memories"]] == [coupon.id, stale.id]
+        assert mem.count("u1") == 3 and mem.history("u1") == before
+        tight = c.post(path, json={"dry_run": False, "idle_days": 1000, "min_importance": 0.01})
+        assert [m["id"] for m in tight.json()["memories"]] == [coupon.id]  # expired all the same
+        done = c.post(path, json={"dry_run": False}).json()
+        assert done["dry_run"] is False and [m["id"] for m in done["memories"]] == [stale.id]
+        assert [m.text for m in mem.list("u1")] == ["Loyalty tier is gold."]
+        for bad, kind in (({"min_importance": 2}, "InvalidInputError"),
+                          ({"idle_days": -1}, "InvalidInputError"),
+                          ({"dry_run": "maybe"}, "RequestValidationError"),
+                          ({"dry_run": False, "extra": 1}, "RequestValidationError")):
+            refused = c.post(path, json=bad)
+            assert (refused.status_code, refused.json()["error"]["type"]) == (422, kind), bad
+        assert mem.count("u1") == 1
+        bad_user = c.post("/v1/users/a..b/prune")
+        assert bad_user.json()["error"]["type"] == "InvalidUserIdError"

@@ -4,8 +4,8 @@ Errors print one clear line on stderr and exit non-zero (1: the operation failed
 a bad setting); ``--json`` prints machine-readable output. Every command but ``demo`` opens its
 Memory the same way (:func:`_memory`: settings from the environment, ``--data-dir`` over them).
 
-- the everyday verbs: demo, add, import, search, context, chat, forget, export, stats, serve,
-  reextract, mcp;
+- the everyday verbs: demo, add, remember, import, list, facts, search, context, chat, forget,
+  prune, export, stats, serve, reextract, mcp;
 - ``graph export``: a user's entity graph as node-link JSON, GraphML or GEXF;
 - the operator's commands, over every user of a data dir (or one): backup, restore, reembed, purge.
 
@@ -33,12 +33,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem import HybridMemError, Hit, Settings, __version__
+from hybridmem import HybridMemError, Hit, MemoryItem, Settings, __version__
 from hybridmem.cli.importfile import ImportFileError, batches, read_bundle, read_rows
 
 if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
-    import networkx as nx
-
     from hybridmem import Memory
 
 HELP = """Long-term memory for LLM apps, from the command line.
@@ -64,10 +62,12 @@ AsOfOpt = typer.Option(
     help="The memory as it stood at this time (UTC).",
 )
 UserOpt = typer.Option(None, "--user", help="Only this user (default: every user).")
+CategoryOpt = typer.Option(None, "--category", help="Only memories of this category.")
 
 #: Bounded commands run without the cyclic GC (:func:`main`): all they build lives until exit, and
 #: collections walking chromadb's import and the graph cost 0.3-0.6 s of a 2.2-2.7 s cold search.
-ONE_SHOT = frozenset({"search", "context", "add", "forget", "stats", "export"})
+ONE_SHOT = frozenset({"search", "context", "add", "remember", "list", "facts", "forget", "prune",
+                      "stats", "export"})
 
 SERVER_EXTRA = "pip install 'hybridmem[server]'"
 MCP_EXTRA = "pip install 'hybridmem[mcp]'"
@@ -131,6 +131,24 @@ def _main(
     # The garbage collector comes back on for every command but a ONE_SHOT one (main() disabled it).
     if ctx.invoked_subcommand not in ONE_SHOT:
         gc.enable()
+
+
+def _items_table(title: str, items: list[MemoryItem]) -> Table:
+    """Memories as a table: id, kind, category, when written, text."""
+    table = Table(title=title, title_justify="left", show_lines=False, expand=True)
+    table.add_column("id", no_wrap=True, style="dim")
+    table.add_column("kind")
+    table.add_column("category")
+    table.add_column("created", no_wrap=True)
+    table.add_column("memory", ratio=3)
+    for item in items:
+        table.add_row(item.id, item.kind, item.category, f"{item.created_at:%Y-%m-%d}",
+                      item.text)
+    return table
+
+
+def _items_json(items: list[MemoryItem]) -> str:
+    return json.dumps([i.model_dump(mode="json") for i in items], indent=2, ensure_ascii=False)
 
 
 def _hits_table(title: str, hits: list[Hit]) -> Table:
@@ -256,6 +274,25 @@ def add(
         print(item.model_dump_json() if as_json else item.id)
 
 
+@app.command()
+def remember(
+    user_id: str,
+    key: str,
+    value: str,
+    category: str = typer.Option("general", help="Category of the fact."),
+    confidence: float = typer.Option(1.0, min=0.0, max=1.0),
+    importance: float = typer.Option(0.8, min=0.0, max=1.0),
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Set a key fact (city, diet, plan ...): one current value per KEY, the older value kept
+    as superseded history; prints its id."""
+    with _memory(data_dir) as mem:
+        item = mem.remember(user_id, key, value, category=category, confidence=confidence,
+                            importance=importance)
+        print(item.model_dump_json() if as_json else item.id)
+
+
 @app.command(name="import")
 def import_cmd(
     args: list[str] = typer.Argument(
@@ -316,11 +353,47 @@ def import_cmd(
     out.print(f"imported {count} memories into {where}", highlight=False, markup=False)
 
 
+@app.command(name="list")
+def list_cmd(
+    user_id: str,
+    limit: int = typer.Option(100, min=1, max=1000, help="At most this many memories."),
+    category: Optional[str] = CategoryOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """A user's current memories, oldest first."""
+    with _memory(data_dir) as mem:
+        items = mem.list(user_id, limit=limit, category=category)
+        if as_json:
+            print(_items_json(items))
+        else:
+            out.print(_items_table(f"{user_id}: {len(items)} memories", items))
+
+
+@app.command()
+def facts(
+    user_id: str,
+    category: Optional[str] = CategoryOpt,
+    as_of: Optional[datetime] = AsOfOpt,
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """A user's current key facts (see remember), one "key: value" a line, by key."""
+    with _memory(data_dir) as mem:
+        items = mem.facts(user_id, category=category, as_of=as_of)
+        if as_json:
+            print(_items_json(items))
+        else:
+            for item in items:
+                out.print(item.text, highlight=False, markup=False, soft_wrap=True)
+
+
 @app.command()
 def search(
     user_id: str,
     query: str,
     limit: int = typer.Option(5, min=1, max=1000),
+    category: Optional[str] = CategoryOpt,
     min_score: Optional[float] = MinScoreOpt,
     as_of: Optional[datetime] = AsOfOpt,
     data_dir: Optional[Path] = DataDirOpt,
@@ -328,7 +401,8 @@ def search(
 ) -> None:
     """Hybrid search of a user's memories, with the reason for each hit."""
     with _memory(data_dir) as mem:
-        hits = mem.search(user_id, query, limit=limit, min_score=min_score, as_of=as_of)
+        hits = mem.search(user_id, query, limit=limit, category=category, min_score=min_score,
+                          as_of=as_of)
         if as_json:
             print(json.dumps([h.model_dump(mode="json") for h in hits], indent=2))
         else:
@@ -407,6 +481,34 @@ def forget(
 
 
 @app.command()
+def prune(
+    user_id: str,
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Only list what would be removed; remove nothing."),
+    min_importance: float = typer.Option(
+        0.1, min=0.0, max=1.0, help="Idle memories below this importance go."),
+    idle_days: float = typer.Option(
+        120.0, min=0.0, help="Days without an access (or since creation) that make a memory idle."),
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Apply the retention policy: remove expired memories, and memories below
+    --min-importance idle for --idle-days; --dry-run lists them and removes nothing."""
+    with _memory(data_dir) as mem:
+        items = mem.prune(user_id, dry_run=dry_run, min_importance=min_importance,
+                          idle_days=idle_days)
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, "memories": [
+            i.model_dump(mode="json") for i in items]}, indent=2, ensure_ascii=False))
+        return
+    for item in items:
+        out.print(f"{item.id}  {item.text}", highlight=False, markup=False, soft_wrap=True)
+    noun = f"memor{'y' if len(items) == 1 else 'ies'}"
+    out.print(f"would remove {len(items)} {noun} (dry run)" if dry_run
+              else f"removed {len(items)} {noun}", highlight=False, markup=False)
+
+
+@app.command()
 def export(
     user_id: str,
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="File (default: stdout)."),
@@ -435,69 +537,19 @@ def stats(user_id: str, data_dir: Optional[Path] = DataDirOpt, as_json: bool = J
                 out.print(f"{key}: {value}")
 
 
-class GraphFormat(str, Enum):
-    """The file formats of ``graph export``."""
+class GraphFormatOpt(str, Enum):
+    """The file formats of ``graph export`` (see :data:`hybridmem.models.GRAPH_FORMATS`)."""
 
     node_link = "node-link"
     graphml = "graphml"
     gexf = "gexf"
 
 
-def _json_value(value: object) -> object:
-    """``json.dumps``'s fallback for the graph's values: sets as sorted lists, times as ISO."""
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _scalar(value: object) -> str | int | float | bool:
-    """A value GraphML and GEXF can hold: scalars as they are, a time as ISO 8601, anything
-    else (aliases, memory ids, evidence) as JSON text."""
-    if isinstance(value, (str, int, float, bool)):
-        return value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return json.dumps(value, default=_json_value, sort_keys=True, ensure_ascii=False)
-
-
-def _scalar_graph(graph: nx.DiGraph[str]) -> nx.DiGraph[str]:
-    """The graph with every attribute made a scalar (see :func:`_scalar`)."""
-    import networkx as nx
-
-    flat: nx.DiGraph[str] = nx.DiGraph()
-    flat.graph.update({k: _scalar(v) for k, v in graph.graph.items()})
-    flat.add_nodes_from((n, {k: _scalar(v) for k, v in a.items()})
-                        for n, a in graph.nodes(data=True))
-    flat.add_edges_from((u, v, {k: _scalar(x) for k, x in a.items()})
-                        for u, v, a in graph.edges(data=True))
-    return flat
-
-
-def _graph_bytes(graph: nx.DiGraph[str], fmt: GraphFormat) -> bytes:
-    """The graph in ``fmt``, written by NetworkX's own writers."""
-    import io
-
-    import networkx as nx
-
-    if fmt is GraphFormat.node_link:
-        data = nx.node_link_data(graph, edges="edges")
-        text = json.dumps(data, default=_json_value, indent=2, ensure_ascii=False)
-        return (text + "\n").encode("utf-8")
-    buffer = io.BytesIO()
-    if fmt is GraphFormat.graphml:
-        nx.write_graphml(_scalar_graph(graph), buffer, encoding="utf-8")
-    else:
-        nx.write_gexf(_scalar_graph(graph), buffer, encoding="utf-8")
-    return buffer.getvalue()
-
-
 @graph_app.command(name="export")
 def graph_export(
     user_id: str,
-    fmt: GraphFormat = typer.Option(GraphFormat.node_link, "--format", "-f",
-                                    help="node-link (JSON), graphml or gexf."),
+    fmt: GraphFormatOpt = typer.Option(GraphFormatOpt.node_link, "--format", "-f",
+                                       help="node-link (JSON), graphml or gexf."),
     output: Optional[Path] = typer.Option(None, "-o", "--out", help="File (default: stdout)."),
     as_of: Optional[datetime] = AsOfOpt,
     data_dir: Optional[Path] = DataDirOpt,
@@ -506,7 +558,7 @@ def graph_export(
     GraphML or GEXF. In GraphML and GEXF, sets and the evidence are JSON text and times ISO
     8601 (those formats hold scalars only)."""
     with _memory(data_dir) as mem:
-        raw = _graph_bytes(mem.graph(user_id, as_of=as_of), fmt)
+        raw = mem.export_graph(user_id, format=fmt.value, as_of=as_of)
     if output is None:
         print(raw.decode("utf-8"), end="")
     else:  # a temporary file beside it, then a rename: never a half-written export

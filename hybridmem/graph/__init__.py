@@ -8,6 +8,7 @@
   seeds, and the bounded hop neighbourhood of entities (pure).
 - :mod:`~hybridmem.graph.resolve` — entity resolution by tokens (pure).
 - :mod:`~hybridmem.graph.name_vectors` — embeddings of node names, for the topic signal.
+- :mod:`~hybridmem.graph.export` — a graph as node-link JSON, GraphML or GEXF, for people's tools.
 
 Imports the ground floor, ``runtime`` and ``sqlite`` only.
 """

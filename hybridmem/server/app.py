@@ -64,11 +64,13 @@ from hybridmem.server.asgi import (
 from hybridmem.server.proxy import COMPLETIONS_PATH, MODELS_PATH, OpenAIProxy, openai_router
 from hybridmem.errors import ConfigError
 from hybridmem.models import (
+    GRAPH_FORMATS,
     MAX_LIMIT,
     AddRequest,
     ChatReply,
     Context,
     GraphEntity,
+    GraphFormat,
     GraphRelation,
     HistoryEvent,
     Hit,
@@ -165,6 +167,23 @@ class ChatBody(_Body):
     message: Text
     max_context_tokens: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_TOKENS)
     stream: bool = False
+
+
+class PruneBody(_Body):
+    """The retention policy's thresholds (see :meth:`Memory.prune`); a dry run by default."""
+
+    dry_run: bool = Field(default=True, description="true: list what would be removed, remove "
+                          "nothing; false: remove it.")
+    min_importance: float = Field(default=0.1, description="Idle memories below this importance "
+                                  "(0 to 1) go.")
+    idle_days: float = Field(default=120.0, description="Days without an access (or since "
+                             "creation) that make a memory idle.")
+
+
+class Pruned(BaseModel):
+    dry_run: bool = Field(description="Whether this was a dry run (nothing removed).")
+    memories: list[MemoryItem] = Field(description="What was (or would be) removed: expired "
+                                       "memories first, then idle ones.")
 
 
 class Deleted(BaseModel):
@@ -343,6 +362,17 @@ def create_app(
         return await memory.add_messages(user_id, [m.model_dump() for m in body.messages],
                                          infer=infer)
 
+    @v1.post("/prune", tags=["memories"])
+    async def prune(user_id: str,
+                    body: Annotated[PruneBody | None, Body()] = None) -> Pruned:
+        """Apply the retention policy: expired memories, and memories below ``min_importance``
+        idle for ``idle_days``. A dry run (the default, also with no body) removes nothing and
+        lists what would go; ``"dry_run": false`` removes it."""
+        body = body if body is not None else PruneBody()
+        found = await memory.prune(user_id, dry_run=body.dry_run,
+                                   min_importance=body.min_importance, idle_days=body.idle_days)
+        return Pruned(dry_run=body.dry_run, memories=found)
+
     @v1.get("/history", tags=["memories"])
     async def history(user_id: str, memory_id: str | None = None) -> list[HistoryEvent]:
         """What happened to the user's memories (or one memory), oldest first."""
@@ -402,6 +432,27 @@ def create_app(
     ) -> list[str]:
         """How two entities are related (readable edges such as ``a -bought-> b``); [] if not."""
         return await memory.query_path(user_id, a, b, max_depth=max_depth)
+
+    @v1.get(
+        "/graph",
+        tags=["graph"],
+        response_class=Response,
+        responses={200: {"content": {media: {} for media in GRAPH_FORMATS.values()},
+                         "description": "The graph as node-link JSON (application/json), "
+                         "GraphML or GEXF."}},
+    )
+    async def graph(
+        user_id: str,
+        fmt: Annotated[GraphFormat, Query(
+            alias="format", description="node-link (JSON that nx.node_link_graph reads back), "
+            "graphml or gexf (times as ISO 8601, sets and evidence as JSON text).")] = "node-link",
+        as_of: Annotated[datetime | None, Query(
+            description="The graph as it stood at this time (ISO 8601; no zone: UTC).")] = None,
+    ) -> Response:
+        """The user's whole entity graph as a file for graph tools (see
+        :meth:`Memory.export_graph`), written by NetworkX's own writers."""
+        raw = await memory.export_graph(user_id, format=fmt, as_of=as_of)
+        return Response(raw, media_type=GRAPH_FORMATS[fmt])
 
     # -- chat
     @v1.post(
