@@ -175,6 +175,12 @@ class Settings(BaseSettings):
 
     # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)
     episode_turns: int = Field(default=20, ge=0)
+    distill: bool = Field(
+        default=True,
+        description="With an endpoint, add_messages asks the model once per call for the key "
+        "facts of the new turns and stores them as remember() does (off, or without an "
+        "endpoint: only remember() makes key facts).",
+    )
 
     # context and chat
     context_max_tokens: int = Field(default=1500, ge=16)
