@@ -72,6 +72,7 @@ RANKING_FIELDS = (
     "recency_weight",
     "half_life_days",
     "importance_weight",
+    "frequency_weight",
     "rrf_k",
     "graph_hops",
     "graph_seeds",

@@ -112,7 +112,17 @@ class Settings(BaseSettings):
     lexical_weight: float = Field(default=1.0, ge=0)
     graph_weight: float = Field(default=1.0, ge=0)
     recency_weight: float = Field(default=0.0, ge=0)
-    half_life_days: float = Field(default=30.0, gt=0)
+    half_life_days: float = Field(
+        default=30.0, gt=0,
+        description="Days after a memory's last write (created, updated, merged into, said "
+        "again) at which recency decay halves its score (with recency_weight > 0).",
+    )
+    frequency_weight: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Boost for memories said again (mention_count) and often returned "
+        "(access_count), log-scaled and bounded: at most x(1 + frequency_weight); 0: off. "
+        "See hybridmem.read.ranking.",
+    )
     importance_weight: float = Field(default=0.0, ge=0)
     rrf_k: float = Field(default=60.0, gt=0)
     fusion: Literal["rrf", "weighted"] = Field(
@@ -165,6 +175,12 @@ class Settings(BaseSettings):
 
     # episodes: with an endpoint, every N stored conversation turns get a summary (0: never)
     episode_turns: int = Field(default=20, ge=0)
+    distill: bool = Field(
+        default=True,
+        description="With an endpoint, add_messages asks the model once per call for the key "
+        "facts of the new turns and stores them as remember() does (off, or without an "
+        "endpoint: only remember() makes key facts).",
+    )
 
     # context and chat
     context_max_tokens: int = Field(default=1500, ge=16)

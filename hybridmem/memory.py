@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from hybridmem.write import episodes
+from hybridmem.write import distill, episodes
 from hybridmem.write import policy
 from hybridmem import backends
 from hybridmem.ops.backup import load_snapshot, write_snapshot
@@ -36,6 +36,7 @@ from hybridmem.ops.bundle import export_bundle, import_bundle
 from hybridmem.read.context import assemble, build_context, section_budgets
 from hybridmem.config import Settings
 from hybridmem.errors import (
+    BackendError,
     ClosedError,
     ConfigError,
     HybridMemError,
@@ -259,17 +260,43 @@ class Memory:
     ) -> builtins.list[MemoryItem]:
         """Store conversation turns (``{"role": ..., "content": ...}``) as memories of kind "turn".
 
-        Once the turns are stored this never raises: a failed summary is logged and tried again
-        at the next call."""
+        With an endpoint configured (and ``infer``), the model also reads the new turns for key
+        facts in one structured call (``distill`` setting), stored as :meth:`remember` stores
+        them, and every ``episode_turns`` turns writes a summary. Once the turns are stored this
+        never raises: a failed summary is logged and tried again at the next call; failed
+        distillation is logged and the turns stay as they are."""
         stored = self.add_many(user_id, episodes.turn_requests(messages), infer=infer)
+        if not (infer and self.settings.llm_configured):
+            return stored
         every = self.settings.episode_turns
-        if infer and every > 0 and self.settings.llm_configured:
-            if len(episodes.unsummarized(self._stores.vectors, user_id)) >= every:
-                try:
-                    self.summarize(user_id)
-                except HybridMemError as exc:
-                    log.warning("summary failed (%s); retried later", type(exc).__name__)
+        if every > 0 and len(episodes.unsummarized(self._stores.vectors, user_id)) >= every:
+            try:
+                self.summarize(user_id)
+            except HybridMemError as exc:
+                log.warning("summary failed (%s); retried later", type(exc).__name__)
+        if self.settings.distill and stored:
+            try:
+                self._distill(user_id, stored)
+            except HybridMemError as exc:
+                log.warning("key-fact distillation failed (%s); the turns are stored",
+                            type(exc).__name__)
         return stored
+
+    def _distill(self, user_id: str, turns: builtins.list[MemoryItem]) -> builtins.list[MemoryItem]:
+        """Key facts the model reads in ``turns`` (one structured call, outside the user's lock),
+        each stored as the current value of its key; returns them. A reply that is not the
+        asked JSON raises :class:`BackendError` and stores nothing."""
+        known = sorted({i.key for i in self._stores.vectors.list(
+            user_id, where=all_of(eq("has_key", True), eq("current", True))) if i.key})
+        result = self.chat_model.complete(distill.distill_messages(turns, known),
+                                          json_schema=distill.DISTILL_SCHEMA,
+                                          schema_name="distill_key_facts")
+        self._usage.add(result.usage)
+        facts = distill.parse_facts(result.text)
+        if facts is None:
+            raise BackendError("the endpoint's key-fact reply was not the asked JSON")
+        return [self._upsert_key(user_id, fact.key, distill.fact_request(fact, turns),
+                                 cause="distill") for fact in facts]
 
     def summarize(self, user_id: str) -> MemoryItem | None:
         """Store a summary episode of the turns since the last one (one LLM call, made outside
@@ -320,7 +347,12 @@ class Memory:
             "text": f"{key}: {validate_text(value, what='value')}", "category": category,
             "confidence": confidence, "importance": importance, "source": "user",
         })
-        prepared = self._writer.prepare(user_id, [request], infer=False, key=key, cause="remember")
+        return self._upsert_key(user_id, key, request, cause="remember")
+
+    def _upsert_key(self, user_id: str, key: str, request: AddRequest, *, cause: str) -> MemoryItem:
+        """Store ``request`` as the current value of ``key`` (embedded before the lock is taken);
+        the key's older values are superseded, an identical current value is returned as it is."""
+        prepared = self._writer.prepare(user_id, [request], infer=False, key=key, cause=cause)
         with self._lock(user_id):
             old = self._stores.vectors.list(user_id, where=all_of(eq("key", key), eq("current", True)))
             if old and old[0].text == request.text:

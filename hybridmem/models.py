@@ -314,8 +314,9 @@ class ScoreBreakdown(_Model):
     graph: float | None = None  # proximity in (0, 1]: 1 / (1 + hops), damped
     graph_hops: int | None = None
     graph_path: str | None = None  # e.g. "client_123 -bought-> ROG laptop"
-    recency: float | None = None  # 0.5 ** (age / half_life)
+    recency: float | None = None  # 0.5 ** (days since the last write / half_life)
     age_days: float | None = None
+    frequency: float | None = None  # log-scaled restatements + accesses, in [0, 1]
     importance: float | None = None
     confidence: float | None = None
     fused: float = 0.0

@@ -154,6 +154,7 @@ def default_responder(body: dict[str, Any]) -> str:
 
     - ``json_schema`` / ``json_object`` for an extraction: empty entities and relations; a batch
       (a user message is JSON with ``texts``) gets one empty result per text, with its ``index``;
+    - ``json_schema`` named for key-fact distillation: no facts (``{"facts": []}``);
     - any other JSON request: ``{}``;
     - plain chat: ``"ok: " + the first 50 characters of the last user message``.
     """
@@ -164,6 +165,8 @@ def default_responder(body: dict[str, Any]) -> str:
     if fmt.get("type") not in ("json_schema", "json_object"):
         return f"ok: {last_user[:50]}"
     name = str((fmt.get("json_schema") or {}).get("name", ""))
+    if "distill" in name:
+        return json.dumps({"facts": []})
     everything = " ".join(message_text(m) for m in messages)
     if "extract" not in name and "relations" not in everything:
         return "{}"

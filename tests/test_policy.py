@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hybridmem import Entity, Extraction, Memory, Relation, Settings
 from hybridmem.models import AddRequest, MemoryItem, utcnow
@@ -15,6 +17,7 @@ from hybridmem.write.policy import (
     JUDGE_SCHEMA,
     bumped,
     conflicting,
+    corroborated,
     doomed,
     merged,
     near_duplicate,
@@ -96,6 +99,43 @@ def test_bumped_and_merged_keep_the_most_of_both() -> None:
     richer = merged(base, item("I really like smooth jazz", confidence=0.5), now)
     assert richer.text == "I really like smooth jazz" and richer.mention_count == 2
     assert richer.confidence == 1.0 and richer.id == base.id
+
+
+def test_a_source_repeating_itself_keeps_the_higher_confidence() -> None:
+    now = utcnow()
+    base = item("I think I like jazz", confidence=0.6)
+    again = bumped(base, AddRequest(text="I think I like jazz", confidence=0.5), now)
+    assert again.confidence == 0.6 and again.mention_count == 2
+    assert merged(base, item("I think I really like jazz", confidence=0.6), now).confidence == 0.6
+
+
+def test_two_sources_that_agree_corroborate_by_noisy_or() -> None:
+    now = utcnow()
+    base = item("home city: Berlin", confidence=0.6, source="distilled")
+    said = bumped(base, AddRequest(text="home city: berlin", confidence=0.5, source="user"), now)
+    assert abs(said.confidence - (1 - 0.4 * 0.5)) < 1e-12
+    other = item("home city is Berlin", confidence=0.5, source="assistant")
+    assert abs(merged(base, other, now).confidence - 0.8) < 1e-12
+
+
+@given(st.floats(0, 1), st.floats(0, 1), st.booleans())
+def test_corroborated_stays_a_confidence_never_below_either(a: float, b: float, same: bool) -> None:
+    c = corroborated(a, "user", b, "user" if same else "assistant")
+    assert max(a, b) <= c <= 1.0
+    assert c == corroborated(b, "user", a, "user" if same else "assistant")
+
+
+def test_doomed_counts_a_recent_write_as_use() -> None:
+    now = utcnow()
+    old = now - timedelta(days=200)
+    restated = MemoryItem(id="r", user_id="u", text="restated", importance=0.05, created_at=old,
+                          updated_at=now - timedelta(days=1))
+    read = MemoryItem(id="a", user_id="u", text="read", importance=0.05, created_at=old,
+                      updated_at=old, last_accessed_at=now - timedelta(days=1))
+    untouched = MemoryItem(id="i", user_id="u", text="idle", importance=0.05, created_at=old,
+                           updated_at=old)
+    assert doomed([restated, read, untouched], now=now, min_importance=0.1, idle_days=120) == (
+        [], [untouched])
 
 
 def test_doomed_splits_expired_and_idle() -> None:

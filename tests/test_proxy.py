@@ -69,9 +69,10 @@ class Proxy:
 
 
 def settings_for(path: Path, wire: OpenAIWireServer, **extra: Any) -> Settings:
+    # no distillation: the upstream requests these tests read are the route's own
     return Settings(data_dir=path, extractor="rules", judge=False, episode_turns=0,
-                    base_url=wire.base_url, api_key=UPSTREAM_KEY, server_api_key=CLIENT_KEY,
-                    **extra)
+                    distill=False, base_url=wire.base_url, api_key=UPSTREAM_KEY,
+                    server_api_key=CLIENT_KEY, **extra)
 
 
 @pytest.fixture(scope="module", params=["embedded", "server"])

@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridmem.read.ranking import Candidate, Weights, decay, explain, fuse
+from hybridmem.read.ranking import (
+    FREQUENCY_CAP,
+    Candidate,
+    Weights,
+    decay,
+    explain,
+    frequency,
+    fuse,
+    last_written,
+)
 
 RRF = Weights(fusion="rrf")
 
@@ -107,8 +116,8 @@ def test_documented_defaults() -> None:
     from hybridmem.read.ranking import GRAPH_DAMPING
 
     w = Weights()
-    assert (w.vector, w.lexical, w.graph, w.recency, w.importance, w.rrf_k) == (
-        1.0, 1.0, 1.0, 0.0, 0.0, 60.0)
+    assert (w.vector, w.lexical, w.graph, w.recency, w.frequency, w.importance, w.rrf_k) == (
+        1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 60.0)
     assert GRAPH_DAMPING == 0.5
     # recency_weight is clamped to [0, 1]
     old = Candidate("x", vector=0.5, vector_rank=1, age_days=30.0)
@@ -147,3 +156,57 @@ def test_fuse_with_a_limit_is_the_full_ranking_cut(cands: list[Candidate], limit
     cut = fuse(cands, weights, limit)
     assert [(c.memory_id, b) for c, b in cut] == [(c.memory_id, b) for c, b in full[:limit]]
     assert len(cut) == min(limit, len(cands))
+
+
+@given(st.integers(1, 10_000), st.integers(0, 10_000), st.integers(0, 1000))
+def test_frequency_is_monotone_and_bounded(mentions: int, accesses: int, more: int) -> None:
+    f = frequency(mentions, accesses)
+    assert 0.0 <= f <= frequency(mentions + more, accesses) <= 1.0
+    assert f <= frequency(mentions, accesses + more)
+
+
+def test_frequency_is_the_documented_log_scale() -> None:
+    assert frequency(1, 0) == 0.0  # written once, never returned
+    assert abs(frequency(2, 0) - 0.150) < 1e-3 and abs(frequency(1, 10) - 0.520) < 1e-3
+    assert frequency(FREQUENCY_CAP + 1, 0) == 1.0 == frequency(1, 10 * FREQUENCY_CAP)
+
+
+def test_frequency_weight_lifts_a_restated_memory_among_equals_only() -> None:
+    once = Candidate("a", vector=0.6, vector_rank=1)
+    restated = Candidate("b", vector=0.6, vector_rank=2, mentions=4, accesses=6)
+    off = [c.memory_id for c, _ in fuse([once, restated], Weights())]
+    on = fuse([once, restated], Weights(frequency=1.0))
+    assert off == ["a", "b"]  # a tie: memory-id order
+    assert [c.memory_id for c, _ in on] == ["b", "a"]
+    (_, b_hit), (_, a_hit) = on
+    assert abs(b_hit.fused - 0.6 * (1 + frequency(4, 6))) < 1e-12 and a_hit.fused == 0.6
+    assert b_hit.frequency == frequency(4, 6) and a_hit.frequency == 0.0
+
+
+def test_frequency_at_most_doubles_a_score() -> None:
+    relevant = Candidate("a", vector=0.5, vector_rank=1)
+    popular = Candidate("b", vector=0.24, vector_rank=2, mentions=10_000, accesses=10_000)
+    # weight clamped to 1, signal to 1: 0.24 * 2 < 0.5 whatever the counts
+    ranked = fuse([relevant, popular], Weights(frequency=50.0))
+    assert [c.memory_id for c, _ in ranked] == ["a", "b"]
+    assert abs(ranked[1][1].fused - 0.48) < 1e-12
+
+
+def test_decay_counts_from_the_last_write() -> None:
+    restated = Candidate("a", vector=0.5, vector_rank=1, age_days=300.0, idle_days=1.0)
+    old = Candidate("b", vector=0.5, vector_rank=2, age_days=1.0, idle_days=300.0)
+    ranked = fuse([old, restated], Weights(recency=1.0, half_life_days=30.0))
+    assert [c.memory_id for c, _ in ranked] == ["a", "b"]
+    assert ranked[0][1].recency == decay(1.0, 30.0) and ranked[0][1].age_days == 300.0
+
+
+def test_last_written_ignores_writes_after_the_time_asked() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from hybridmem.models import MemoryItem
+
+    created = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    updated = created + timedelta(days=100)
+    item = MemoryItem(id="m", user_id="u", text="t", created_at=created, updated_at=updated)
+    assert last_written(item, updated + timedelta(days=1)) == updated
+    assert last_written(item, created + timedelta(days=50)) == created  # as_of before the update

@@ -548,10 +548,10 @@ def test_chat_sends_the_context_to_the_endpoint(
     assert reply["text"] == f"ok: {QUESTION}"
     assert "ROG Strix laptop" in reply["context"]["text"]
     assert reply["context"]["tokens"] <= 200
-    sent = openai_server.requests_to("chat")
-    assert len(sent) == 1
-    assert "ROG Strix laptop" in sent[0].text and QUESTION in sent[0].text
-    assert sent[0].api_key == "sk-test"
+    answer, distilled = openai_server.requests_to("chat")  # the reply, then the exchange's facts
+    assert "ROG Strix laptop" in answer.text and QUESTION in answer.text
+    assert answer.api_key == "sk-test"
+    assert distilled.body["response_format"]["json_schema"]["name"] == "distill_key_facts"
     assert chat_service.memory.count(unique_user) == 4  # the exchange is remembered
 
 
@@ -573,9 +573,9 @@ def test_chat_streams_server_sent_events(
     deltas = [json.loads(e)["delta"] for e in events[:-1]]
     assert len(deltas) > 1
     assert "".join(deltas) == f"ok: {QUESTION}"
-    sent = openai_server.requests_to("chat")
-    assert len(sent) == 1 and sent[0].body["stream"] is True
-    assert "ROG Strix laptop" in sent[0].text
+    answer, distilled = openai_server.requests_to("chat")  # the reply, then the exchange's facts
+    assert answer.body["stream"] is True and "stream" not in distilled.body
+    assert "ROG Strix laptop" in answer.text
     assert chat_service.memory.count(unique_user) == 4
 
 

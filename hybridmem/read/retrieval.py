@@ -22,7 +22,7 @@ from hybridmem.filters import Filter
 from hybridmem.graph.activation import LINK_FLOOR, LINK_NODES
 from hybridmem.graph.name_vectors import NAME_VECTORS, NameVectors
 from hybridmem.models import Hit, MemoryItem, utcnow
-from hybridmem.read.ranking import Candidate, Weights, explain, fuse, graph_seeds
+from hybridmem.read.ranking import Candidate, Weights, explain, fuse, graph_seeds, last_written
 from hybridmem.stores import Stores
 
 __all__ = ["GRAPH_SEED_HITS", "NAME_VECTORS", "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE",
@@ -59,6 +59,7 @@ def weights_of(settings: Settings) -> Weights:
         graph=settings.graph_weight,
         recency=settings.recency_weight,
         half_life_days=settings.half_life_days,
+        frequency=settings.frequency_weight,
         importance=settings.importance_weight,
         rrf_k=settings.rrf_k,
         fusion=settings.fusion,
@@ -241,6 +242,9 @@ class Retriever:
                 continue
             c = cands[memory_id]
             c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
+            written = last_written(item, now)
+            c.idle_days = max((now - written).total_seconds() / 86400.0, 0.0)
+            c.mentions, c.accesses = item.mention_count, item.access_count
             c.importance, c.confidence = item.importance, item.confidence
         ranked = fuse(list(cands.values()), self.weights, limit)
         return [

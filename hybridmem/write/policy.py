@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from hybridmem.models import AddRequest, MemoryItem, MetadataValue, Relation
+from hybridmem.read.ranking import last_written
 from hybridmem.prompts import JUDGE_PROMPT as JUDGE_PROMPT  # re-exported: the writer reads it here
 from hybridmem.text import content_words, entity_key
 
@@ -26,6 +27,7 @@ __all__ = [
     "Verdict",
     "bumped",
     "conflicting",
+    "corroborated",
     "doomed",
     "functional",
     "jaccard",
@@ -109,11 +111,32 @@ def merge_metadata(
     return {**new, **old}
 
 
+def corroborated(kept: float, kept_source: str, new: float, new_source: str) -> float:
+    """The confidence of a memory after the same fact arrived again (a merge or an identical
+    restatement), from the kept memory's and the new one's confidences and sources.
+
+    - Same source (the user saying it again): ``max(kept, new)``, no boost. A source repeating
+      itself is not independent evidence — someone unsure of a fact stays unsure however often
+      they say it — and the repetition is already counted in ``mention_count``, which the
+      frequency ranking term reads; boosting here would count it twice.
+    - Different sources (the user and the assistant, or a fact distilled by a model and then
+      stated by the user): the noisy-OR ``1 - (1 - kept) * (1 - new)``. Two sources that agree
+      each had their own chance to be wrong, so the fact is likelier true than either alone
+      says. It never exceeds 1, equals 1 only if one side was certain, and is never below the
+      max.
+    """
+    if kept_source == new_source:
+        return max(kept, new)
+    return max(kept, new, 1.0 - (1.0 - kept) * (1.0 - new))
+
+
 def bumped(base: MemoryItem, request: AddRequest, now: datetime) -> MemoryItem:
-    """An identical memory said again: one more mention, the higher confidence and importance."""
+    """An identical memory said again: one more mention, the confidence of
+    :func:`corroborated`, the higher importance."""
     return base.model_copy(update={
         "mention_count": base.mention_count + 1,
-        "confidence": max(base.confidence, request.confidence),
+        "confidence": corroborated(base.confidence, base.source, request.confidence,
+                                   request.source),
         "importance": max(base.importance, request.importance),
         "metadata": merge_metadata(base.metadata, request.metadata),
         "updated_at": now,
@@ -122,11 +145,11 @@ def bumped(base: MemoryItem, request: AddRequest, now: datetime) -> MemoryItem:
 
 def merged(into: MemoryItem, new: MemoryItem, now: datetime) -> MemoryItem:
     """``new`` folded into the near-duplicate ``into``: the richer text, the union of metadata,
-    the mentions added up, the higher confidence and importance."""
+    the mentions added up, the confidence of :func:`corroborated`, the higher importance."""
     return into.model_copy(update={
         "text": richer_text(into.text, new.text),
         "mention_count": into.mention_count + new.mention_count,
-        "confidence": max(into.confidence, new.confidence),
+        "confidence": corroborated(into.confidence, into.source, new.confidence, new.source),
         "importance": max(into.importance, new.importance),
         "metadata": merge_metadata(into.metadata, new.metadata),
         "updated_at": now,
@@ -137,13 +160,19 @@ def doomed(
     items: Iterable[MemoryItem], *, now: datetime, min_importance: float, idle_days: float
 ) -> tuple[list[MemoryItem], list[MemoryItem]]:
     """The retention policy: (expired memories, idle ones) — idle means importance below
-    ``min_importance`` and not accessed (or created) for ``idle_days``."""
+    ``min_importance`` and neither read nor written for ``idle_days``: not returned by a search
+    (``last_accessed_at``), not created, updated, merged into or said again
+    (:func:`~hybridmem.read.ranking.last_written`). A write counts like a read because a fact the
+    user keeps restating is in use even when no search has returned it yet."""
     cutoff = now - timedelta(days=idle_days)
     expired, idle = [], []
     for item in items:
+        touched = last_written(item, now)
+        if item.last_accessed_at is not None:
+            touched = max(touched, item.last_accessed_at)
         if item.expires_at is not None and item.expires_at <= now:
             expired.append(item)
-        elif item.importance < min_importance and (item.last_accessed_at or item.created_at) < cutoff:
+        elif item.importance < min_importance and touched < cutoff:
             idle.append(item)
     return expired, idle
 
