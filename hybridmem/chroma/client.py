@@ -53,6 +53,7 @@ __all__ = [
     "COLLECTION_PREFIXES",
     "STAGING",
     "stored_users",
+    "is_memories_name",
     "CollectionKind",
     "collection_name",
     "adopt_sync_threshold",
@@ -146,6 +147,14 @@ def collection_name(user_id: str, kind: CollectionKind = "memories", *,
     """
     name = COLLECTION_PREFIXES[kind] + user_key(user_id)
     return STAGING + name if staging else name
+
+
+def is_memories_name(name: str) -> bool:
+    """Whether ``name`` is a user's memories collection (not an archive, graph, history or
+    staging one): the memories prefix, then a user key and nothing else."""
+    rest = name[len(COLLECTION_PREFIXES["memories"]):]
+    return name.startswith(COLLECTION_PREFIXES["memories"]) and rest.startswith("u-") and \
+        rest[2:].isalnum() and len(rest) == len(user_key("x"))
 
 
 def stored_users(client: ClientAPI) -> list[str]:
@@ -330,6 +339,11 @@ class CollectionHandles:
 
     def __repr__(self) -> str:
         return f"CollectionHandles(cached={len(self._cache)})"
+
+    def cached(self, keep: Callable[[str], bool]) -> int:
+        """How many cached handles have a name ``keep`` accepts."""
+        with self._lock:
+            return sum(1 for name in self._cache if keep(name))
 
     def run(
         self,

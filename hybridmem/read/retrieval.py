@@ -10,6 +10,7 @@ of concurrent searches in one call. What a search leaves behind (access counts) 
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import threading
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from hybridmem.filters import Filter
 from hybridmem.graph.activation import LINK_FLOOR, LINK_NODES
 from hybridmem.graph.name_vectors import NAME_VECTORS, NameVectors
 from hybridmem.models import Hit, MemoryItem, utcnow
+from hybridmem.observe import NullObserver, Observer
 from hybridmem.read.ranking import Candidate, Weights, explain, fuse, graph_seeds
 from hybridmem.stores import Stores
 
@@ -109,8 +111,10 @@ class Retriever:
     """Hybrid search over one Memory's stores."""
 
     def __init__(self, settings: Settings, stores: Stores, *, embed: Embed,
-                 names: NameVectors | None = None) -> None:
+                 names: NameVectors | None = None, observer: Observer | None = None) -> None:
         self._settings = settings
+        #: times the vector, lexical and graph stages (the embed stage is the embedder's)
+        self._observe = observer if observer is not None else NullObserver()
         self._stores = stores
         self._embed = embed
         self.weights = weights_of(settings)
@@ -169,23 +173,26 @@ class Retriever:
         vector = w.vector > 0 or not w.lexical > 0
         lexical: Future[list[tuple[str, float]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
-            lexical = self._pool().submit(self._stores.lexical.search, user_id, query, limit=pool)
+            lexical = self._pool().submit(contextvars.copy_context().run,  # a trace's parent
+                                          self._lexical, user_id, query, pool)
         if vector:
             qvec = self._query_vector(query)
-            hits = self._stores.vectors.query(user_id, [qvec], limit=pool, where=where)[0]
+            with self._observe.stage("vector"):
+                hits = self._stores.vectors.query(user_id, [qvec], limit=pool, where=where)[0]
             for rank, hit in enumerate(hits, 1):
                 items[hit.item.id] = hit.item
                 c = cand(hit.item.id)
                 c.vector, c.vector_rank = hit.similarity, rank
         if w.lexical > 0:
             found = (lexical.result() if lexical is not None
-                     else self._stores.lexical.search(user_id, query, limit=pool))
+                     else self._lexical(user_id, query, pool))
             for rank, (memory_id, score) in enumerate(found, 1):
                 c = cand(memory_id)
                 c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:
-            self._graph_candidates(user_id, query, list(cands), cand, pool,
-                                   qvec if vector else None)
+            with self._observe.stage("graph"):
+                self._graph_candidates(user_id, query, list(cands), cand, pool,
+                                       qvec if vector else None)
         missing = [m for m in cands if m not in items]
         if missing:
             items.update((i.id, i) for i in self._stores.vectors.get(user_id, missing, where=where))
@@ -203,6 +210,10 @@ class Retriever:
             Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
             for c, b in ranked
         ]
+
+    def _lexical(self, user_id: str, query: str, pool: int) -> list[tuple[str, float]]:
+        with self._observe.stage("lexical"):
+            return self._stores.lexical.search(user_id, query, limit=pool)
 
     def _graph_candidates(
         self, user_id: str, query: str, found: list[str], cand: Callable[[str], Candidate],

@@ -31,9 +31,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hybridmem.runtime.files import user_dir, user_key
+from hybridmem.runtime.files import check_users_dir, user_dir, user_key
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
+from hybridmem.protocols import StoreReport
 
 __all__ = ["PerUserSqlite", "storage_error"]
 
@@ -102,6 +103,19 @@ class PerUserSqlite:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def ping(self) -> None:
+        """Raise unless the store serves: open, and its users' directory writable (see
+        :class:`~hybridmem.protocols.Pingable`)."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
+        check_users_dir(self._data_dir, self.what)
+
+    def report(self) -> StoreReport:
+        """How many users' files are open (see :class:`~hybridmem.protocols.Reporting`)."""
+        with self._lock:
+            return StoreReport(open_users=len(self._conns))
 
     def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
         """The user's connection (call with the user's lock held, see :meth:`_user`); None if
