@@ -5,6 +5,7 @@ read by Prometheus' own text parser."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -297,3 +298,38 @@ def test_hybridmem_serve_times_the_stages(tmp_path: Path) -> None:
         server.wait(timeout=30)
     assert value(samples, "hybridmem_stage_seconds_count", stage="pack") == 1
     assert value(samples, "hybridmem_stage_seconds_count", stage="embed") >= 1
+
+
+def test_ready_is_503_when_the_chroma_server_goes_away(
+    tmp_path: Path, embedder: LocalEmbedder, openai_server: OpenAIWireServer
+) -> None:
+    """Server mode: a `chroma run` of this test's own, stopped while the service runs."""
+    exe = shutil.which("chroma") or str(Path(sys.executable).with_name("chroma"))
+    port = free_port()
+    chroma = subprocess.Popen(
+        [exe, "run", "--path", str(tmp_path / "chroma"), "--host", "127.0.0.1", "--port",
+         str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):  # until it answers (or dies)
+            assert chroma.poll() is None, "chroma run did not start"
+            try:
+                if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        memory = Memory(_settings(tmp_path / "hm", openai_server, chroma_url=url),
+                        embedder=embedder)
+        with serve(create_app(memory)) as service, httpx.Client(base_url=service) as c:
+            assert c.get("/ready").status_code == 200
+            chroma.terminate()
+            chroma.wait(timeout=30)
+            gone = c.get("/ready")
+            assert gone.status_code == 503
+            assert gone.json()["error"]["type"] == "StorageError"
+            assert c.get("/health").status_code == 200
+        memory.close()
+    finally:
+        chroma.kill()
+        chroma.wait(timeout=30)

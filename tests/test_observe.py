@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from hybridmem import ConfigError, EmbedderError, Memory, Settings, Usage
+from hybridmem import ClosedError, ConfigError, EmbedderError, Memory, Settings, Usage
 from hybridmem.observe import STAGES, NullObserver, Observer, Observers, OTelObserver
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 from openai_wire import OpenAIWireServer, Reply
@@ -165,3 +165,22 @@ def test_what_is_not_an_observer_is_refused_before_anything_opens(tmp_path: Path
     with pytest.raises(ConfigError, match="not an Observer"):
         Observers([Recorder(), "stage"])  # type: ignore[list-item]
     assert not (tmp_path / "hm" / "chroma").exists()
+
+
+def test_status_and_ping_in_both_chroma_modes(mem: Memory, unique_user: str) -> None:
+    """Counts only; the record copy exists only embedded (a Chroma server is shared)."""
+    assert mem.status().open_users == 0
+    mem.add(unique_user, "Bought the ROG laptop")
+    mem.search(unique_user, "laptop")
+    status = mem.status()
+    assert status.open_users == 1
+    embedded = mem.settings.chroma_url is None
+    assert (status.record_cache_hits is not None) == embedded
+    assert status.usage == Usage() and status.purge_pending in (True, False)
+    assert unique_user not in status.model_dump_json()
+    mem.ping()
+    mem.close()
+    with pytest.raises(ClosedError):
+        mem.ping()
+    with pytest.raises(ClosedError):
+        mem.status()
