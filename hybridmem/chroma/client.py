@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 from urllib.parse import urlparse
 
 from hybridmem.runtime import process
-from hybridmem.runtime.files import user_key
+from hybridmem.runtime.files import USER_KEY, user_key
 from hybridmem.errors import ConfigError, HybridMemError, StorageError
 
 if TYPE_CHECKING:
@@ -152,9 +152,8 @@ def collection_name(user_id: str, kind: CollectionKind = "memories", *,
 def is_memories_name(name: str) -> bool:
     """Whether ``name`` is a user's memories collection (not an archive, graph, history or
     staging one): the memories prefix, then a user key and nothing else."""
-    rest = name[len(COLLECTION_PREFIXES["memories"]):]
-    return name.startswith(COLLECTION_PREFIXES["memories"]) and rest.startswith("u-") and \
-        rest[2:].isalnum() and len(rest) == len(user_key("x"))
+    prefix = COLLECTION_PREFIXES["memories"]
+    return name.startswith(prefix) and USER_KEY.fullmatch(name[len(prefix):]) is not None
 
 
 def stored_users(client: ClientAPI) -> list[str]:

@@ -69,7 +69,6 @@ from hybridmem.graph.fileformat import (
 )
 from hybridmem.graph.state import LOG_FILE, Links, UserGraph, edge_label, stamp_of
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
-from hybridmem.protocols import StoreReport
 from hybridmem.runtime.files import (
     atomic_write_bytes,
     check_users_dir,
@@ -215,11 +214,6 @@ class NetworkXGraphStore:
         self._check_open()
         if self.data_dir is not None:
             check_users_dir(self.data_dir, "graph store")
-
-    def report(self) -> StoreReport:
-        """How many users' graphs are loaded (see :class:`~hybridmem.protocols.Reporting`)."""
-        with self._lock:
-            return StoreReport(open_users=len(self._users))
 
     def _load(self, st: UserGraph) -> None:
         """Read the snapshot, then replay the log over it (see :func:`gc_paused` for why the

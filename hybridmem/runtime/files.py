@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,11 +20,15 @@ from filelock import FileLock
 from hybridmem.errors import InvalidUserIdError, StorageError
 from hybridmem.models import validate_user_id
 
-__all__ = ["LOCK_STRIPES", "atomic_write_bytes", "check_users_dir", "remove_tree", "user_key",
-           "user_dir", "user_lock"]
+__all__ = ["LOCK_STRIPES", "USER_KEY", "atomic_write_bytes", "check_users_dir", "remove_tree",
+           "user_key", "user_dir", "user_lock"]
 
 #: How many lock files a data directory has; users share them by the hash of their id.
 LOCK_STRIPES = 64
+
+
+#: What every :func:`user_key` looks like.
+USER_KEY = re.compile(r"u-[0-9a-f]{40}")
 
 
 def user_key(user_id: str) -> str:

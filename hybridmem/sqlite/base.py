@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 from hybridmem.runtime.files import check_users_dir, user_dir, user_key
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
-from hybridmem.protocols import StoreReport
 
 __all__ = ["PerUserSqlite", "storage_error"]
 
@@ -111,11 +110,6 @@ class PerUserSqlite:
             if self._closed:
                 raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
         check_users_dir(self._data_dir, self.what)
-
-    def report(self) -> StoreReport:
-        """How many users' files are open (see :class:`~hybridmem.protocols.Reporting`)."""
-        with self._lock:
-            return StoreReport(open_users=len(self._conns))
 
     def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
         """The user's connection (call with the user's lock held, see :meth:`_user`); None if
