@@ -45,9 +45,11 @@ from hybridmem.models import (
     HistoryEvent,
     Hit,
     MemoryItem,
+    MemoryStatus,
     Usage,
     UserStats,
 )
+from hybridmem.observe import Observer
 from hybridmem.protocols import (
     ChatModel,
     Embedder,
@@ -93,12 +95,13 @@ class AsyncMemory:
         graph_store: GraphStore | None = None,
         history_log: HistoryLog | None = None,
         token_counter: TokenCounter | None = None,
+        observer: Observer | None = None,
         max_threads: int = DEFAULT_MAX_THREADS,
     ) -> None:
         memory = Memory(
             settings, embedder=embedder, extractor=extractor, chat_model=chat_model,
             vector_store=vector_store, lexical_index=lexical_index, graph_store=graph_store,
-            history_log=history_log, token_counter=token_counter,
+            history_log=history_log, token_counter=token_counter, observer=observer,
         )
         try:
             self._setup(memory, owned=True, max_threads=max_threads)
@@ -436,6 +439,14 @@ class AsyncMemory:
     async def stats(self, user_id: str) -> UserStats:
         """Counts for one user (see :meth:`Memory.stats`)."""
         return await self._run(partial(self._memory.stats, user_id))
+
+    async def status(self) -> MemoryStatus:
+        """Counts of the whole Memory for a service's metrics (see :meth:`Memory.status`)."""
+        return await self._run(self._memory.status)
+
+    async def ping(self) -> None:
+        """Return when every store can serve, else raise (see :meth:`Memory.ping`)."""
+        await self._run(self._memory.ping)
 
     # -- chat --------------------------------------------------------------------------------------
     async def chat(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,9 +18,13 @@ from hybridmem.runtime.process import file_limit
 from hybridmem.runtime.locks import DataDirLock
 from hybridmem.config import Settings
 from hybridmem.errors import ConfigError, EmbedderError, HybridMemError
+from hybridmem.models import Usage
+from hybridmem.observe import NullObserver, Observer
 from hybridmem.stores import Stores
 from hybridmem.protocols import (
+    ChatMessage,
     ChatModel,
+    ChatResult,
     Closeable,
     Embedder,
     Extractor,
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChatSlot",
+    "ObservedChat",
     "Parts",
     "assemble",
     "default_chat",
@@ -244,15 +249,68 @@ class ChatSlot:
     first use (an offline Memory never opens a client) and then closed with the Memory."""
 
     def __init__(self, settings: Settings, given: ChatModel | None,
-                 owned: list[Closeable]) -> None:
+                 owned: list[Closeable], observer: Observer | None = None) -> None:
         self._settings, self._model, self._owned = settings, given, owned
+        self._observer = observer
         self._guard = threading.Lock()
 
     def get(self) -> ChatModel:
         with self._guard:
             if self._model is None:
                 self._model = own(default_chat(self._settings), self._owned)
-            return self._model
+            if self._observer is not None and not isinstance(self._model, ObservedChat):
+                self._model = ObservedChat(self._model, self._observer)
+            model: ChatModel = self._model
+            return model
+
+
+class ObservedChat:
+    """A :class:`ChatModel` whose calls the observer times (stage ``endpoint``) and whose reported
+    token usage it receives: every model call of a Memory (chat, extraction, judge, summaries)
+    goes through the one chat slot, so this one wrap sees them all."""
+
+    def __init__(self, model: ChatModel, observer: Observer) -> None:
+        self.wrapped, self._observer = model, observer
+
+    @property
+    def model(self) -> str:
+        return self.wrapped.model
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self.wrapped.model = value
+
+    @property
+    def last_usage(self) -> Usage:
+        return self.wrapped.last_usage
+
+    @last_usage.setter
+    def last_usage(self, value: Usage) -> None:
+        self.wrapped.last_usage = value
+
+    def complete(self, messages: Sequence[ChatMessage], *,
+                 json_schema: Mapping[str, Any] | None = None,
+                 schema_name: str = "result") -> ChatResult:
+        with self._observer.stage("endpoint"):
+            result = self.wrapped.complete(messages, json_schema=json_schema,
+                                           schema_name=schema_name)
+            self._observer.tokens(result.usage)
+        return result
+
+    def stream(self, messages: Sequence[ChatMessage]) -> Iterator[str]:
+        """The wrapped stream; its stage ends at the first delta (the endpoint's latency: the
+        rest is paced by the model and the reader), and is never held open across a ``yield``
+        (a trace span would then end in another thread's context)."""
+        deltas = iter(self.wrapped.stream(messages))
+        with self._observer.stage("endpoint"):
+            first = next(deltas, None)
+        if first is not None:
+            yield first
+            yield from deltas
+        self._observer.tokens(self.wrapped.last_usage)
+
+    def __repr__(self) -> str:
+        return f"ObservedChat({self.wrapped!r})"
 
 
 @dataclass(frozen=True)
@@ -274,6 +332,8 @@ class Parts:
     extras: Extras
     #: What assemble created and so must close (endpoint clients hold connection pools).
     owned: list[Closeable]
+    #: Times the stages and receives token usage (see hybridmem.observe).
+    observer: Observer = dataclasses.field(default_factory=NullObserver)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return embed_checked(self.embedder, texts)
@@ -310,9 +370,12 @@ def assemble(
     graph_store: GraphStore | None = None,
     history_log: HistoryLog | None = None,
     token_counter: TokenCounter | None = None,
+    observer: Observer | None = None,
 ) -> Parts:
     """Build a Memory's parts: the given seams, the configured defaults for the rest; then
-    recover what a crash left half-written (batches, then imports) before anything else runs."""
+    recover what a crash left half-written (batches, then imports) before anything else runs.
+    ``observer`` (see :mod:`hybridmem.observe`) times the stages; the endpoint is wrapped in an
+    :class:`ObservedChat` only when one is given."""
     from hybridmem.graph.name_vectors import NamedGraph
     from hybridmem.ops.bundle import recover_imports
     from hybridmem.read.access import AccessLog, Extras
@@ -324,14 +387,19 @@ def assemble(
         raise ConfigError(
             f"{type(extractor).__name__} is not an Extractor: it needs name, offline (True when "
             "extract() calls no model) and extract(text, *, speaker=None)")
+    if observer is not None and not isinstance(observer, Observer):
+        raise ConfigError(f"{type(observer).__name__} is not an Observer: it needs stage(name) "
+                          "and tokens(usage) (see hybridmem.observe)")
+    watch = observer if observer is not None else NullObserver()
     s = settings
     s.data_dir.mkdir(parents=True, exist_ok=True)
     owned: list[Closeable] = []
-    chat = ChatSlot(s, chat_model, owned)
+    chat = ChatSlot(s, chat_model, owned, observer)
     embedder = embedder or own(default_embedder(s), owned)
 
     def embed(texts: Sequence[str]) -> list[list[float]]:
-        return embed_checked(embedder, texts)
+        with watch.stage("embed"):
+            return embed_checked(embedder, texts)
 
     if extractor is None:
         extractor = default_extractor(s, chat.get() if wants_llm_extractor(s) else None)
@@ -357,6 +425,7 @@ def assemble(
     return Parts(
         settings=s, embedder=embedder, extractor=extractor, counter=counter, chat=chat,
         stores=stores, names=names, usage=usage, writer=writer,
-        retriever=Retriever(s, stores, embed=embed, names=names),
+        retriever=Retriever(s, stores, embed=embed, names=names, observer=watch),
         access=AccessLog(stores, writer.locks), extras=Extras(stores), owned=owned,
+        observer=watch,
     )

@@ -55,6 +55,7 @@ from hybridmem.models import (
     HistoryEvent,
     Hit,
     MemoryItem,
+    MemoryStatus,
     UpdateRequest,
     Usage,
     UserStats,
@@ -76,10 +77,13 @@ from hybridmem.protocols import (
     GraphStore,
     HistoryLog,
     LexicalIndex,
+    Pingable,
     Reembeddable,
+    Reporting,
     TokenCounter,
     VectorStore,
 )
+from hybridmem.observe import Observer
 from hybridmem.read.retrieval import GRAPH_SEED_HITS
 
 if TYPE_CHECKING:
@@ -113,7 +117,8 @@ class Memory:
     ``Memory()`` reads ``HYBRIDMEM_*`` settings from the environment; every seam can be passed in
     (tests pass real, small backends rather than mocks). Safe to share between threads. What it
     creates itself (stores, endpoint clients) it closes in :meth:`close`; what it is given, the
-    caller closes.
+    caller closes. ``observer`` (see :mod:`hybridmem.observe`) is told how long each stage of
+    the work takes and what tokens the endpoint used; by default nothing is.
     """
 
     def __init__(
@@ -128,12 +133,13 @@ class Memory:
         graph_store: GraphStore | None = None,
         history_log: HistoryLog | None = None,
         token_counter: TokenCounter | None = None,
+        observer: Observer | None = None,
     ) -> None:
         parts = backends.assemble(
             settings if settings is not None else Settings(), embedder=embedder,
             extractor=extractor, chat_model=chat_model, vector_store=vector_store,
             lexical_index=lexical_index, graph_store=graph_store, history_log=history_log,
-            token_counter=token_counter,
+            token_counter=token_counter, observer=observer,
         )
         self.settings = parts.settings
         self._parts = parts  # closed in close()
@@ -612,9 +618,11 @@ class Memory:
         relations = self._stores.graph.relations(
             user_id, [h.item.id for h in hits[:GRAPH_SEED_HITS]]
         )
-        lines = assemble(hits, facts=facts, relations=relations, episodes=summaries,
-                         procedures=procedures, as_of=validate_as_of(as_of))
-        return build_context(lines, counter=self._counter, max_tokens=budget, budgets=budgets)
+        with self._parts.observer.stage("pack"):
+            lines = assemble(hits, facts=facts, relations=relations, episodes=summaries,
+                             procedures=procedures, as_of=validate_as_of(as_of))
+            return build_context(lines, counter=self._counter, max_tokens=budget,
+                                 budgets=budgets)
 
     # -- the graph ---------------------------------------------------------------------------------
     def entities(self, user_id: str) -> builtins.list[GraphEntity]:
@@ -681,6 +689,32 @@ class Memory:
             relations=len(self._stores.graph.relations(user_id)),
             purge_pending=self._stores.vectors.purge_pending,
         )
+
+    # -- the service's view ----------------------------------------------------------------------
+    def status(self) -> MemoryStatus:
+        """Counts of the whole Memory for a service's metrics (open users, record-cache hits,
+        a pending purge, token usage): cheap, no store is read, and no user id or text is in it."""
+        if self._closed:
+            raise ClosedError("this Memory is closed; create a new one")
+        vectors = self._stores.vectors
+        report = vectors.report() if isinstance(vectors, Reporting) else None
+        return MemoryStatus(
+            open_users=None if report is None else report.open_users,
+            record_cache_hits=None if report is None else report.cache_hits,
+            record_cache_misses=None if report is None else report.cache_misses,
+            purge_pending=vectors.purge_pending, usage=self._usage.total,
+        )
+
+    def ping(self) -> None:
+        """Return when every store can serve; else raise what the first that cannot says
+        (:class:`ClosedError`, :class:`StorageError`). For a readiness probe: reads and writes
+        no user's data. Stores that cannot tell (no ``ping``) are taken as serving."""
+        if self._closed:
+            raise ClosedError("this Memory is closed; create a new one")
+        s = self._stores
+        for store in (s.vectors, s.lexical, s.graph, s.history):
+            if isinstance(store, Pingable):
+                store.ping()
 
     # -- chat --------------------------------------------------------------------------------------
     def _chat_messages(

@@ -44,6 +44,7 @@ __all__ = [
     "Hit",
     "Kind",
     "MemoryItem",
+    "MemoryStatus",
     "MetadataValue",
     "Relation",
     "ScoreBreakdown",
@@ -410,6 +411,22 @@ class Usage(_Model):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
         )
+
+
+class MemoryStatus(_Model):
+    """What :meth:`Memory.status` reports of a Memory as a whole, for a service's metrics:
+    counts only, never a user id or any stored text."""
+
+    #: users whose memories the vector store holds open now (None: the store does not say)
+    open_users: int | None = None
+    #: reads the vector store's in-memory record copy answered, and those it could not
+    #: (None: no copy, as with a Chroma server)
+    record_cache_hits: int | None = None
+    record_cache_misses: int | None = None
+    #: an erasure in the data dir awaits the background purge (see purge_delay)
+    purge_pending: bool = False
+    #: token usage of every model call so far (see :attr:`Memory.usage`)
+    usage: Usage = Field(default_factory=Usage)
 
 
 class Extraction(_Model):

@@ -40,7 +40,10 @@ __all__ = [
     "Lease",
     "Leases",
     "LexicalIndex",
+    "Pingable",
     "Reembeddable",
+    "Reporting",
+    "StoreReport",
     "TokenCounter",
     "VectorHit",
     "VectorStore",
@@ -244,6 +247,36 @@ class VectorStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Pingable(Protocol):
+    """A store that can say whether it serves (a service's readiness probe asks it)."""
+
+    def ping(self) -> None:
+        """Return when the store can serve; raise :class:`~hybridmem.errors.ClosedError` when it
+        is closed, :class:`~hybridmem.errors.StorageError` when it cannot be reached or written.
+        Reads and writes no user's data, creates nothing."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What a store keeps open, for a service's metrics: users whose state (handles, files,
+    records) it holds now, and how its in-memory record copy answered reads (None: no copy)."""
+
+    open_users: int
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """A store that reports what it keeps open (see :class:`StoreReport`)."""
+
+    def report(self) -> StoreReport:
+        """Counts only: never a user id or any stored text."""
+        ...
 
 
 @runtime_checkable

@@ -20,6 +20,9 @@ REFERENCE = ROOT / "docs" / "reference.md"
 #: Public objects outside ``hybridmem.__all__`` that the reference documents, by public path.
 EXTRA_PUBLIC = ("hybridmem.offline.LocalEmbedder", "hybridmem.offline.HashEmbedder",
                 "hybridmem.offline.TiktokenCounter", "hybridmem.server.create_app",
+                "hybridmem.server.Metrics", "hybridmem.observe.Observer",
+                "hybridmem.observe.NullObserver", "hybridmem.observe.OTelObserver",
+                "hybridmem.observe.Observers",
                 "hybridmem.graph.NetworkXGraphStore", "hybridmem.extract.RuleExtractor")
 #: What documentation must not say: development stages and tracker numbers.
 NARRATION = re.compile(r"session [0-9]|issue [0-9]+|#[0-9]{1,3}\b", re.I)

@@ -24,7 +24,7 @@ TOP_LEVEL = {
     "hybridmem": "package",  # the public names (Memory and AsyncMemory imported lazily)
     "hybridmem.config": "ground", "hybridmem.errors": "ground", "hybridmem.models": "ground",
     "hybridmem.filters": "ground", "hybridmem.text": "ground", "hybridmem.protocols": "ground",
-    "hybridmem.prompts": "ground",
+    "hybridmem.prompts": "ground", "hybridmem.observe": "ground",
     "hybridmem.stores": "stores",
     "hybridmem.offline": "endpoints", "hybridmem.openai_compat": "endpoints",
     "hybridmem.backends": "assembly", "hybridmem.memory": "assembly", "hybridmem.aio": "assembly",
@@ -61,7 +61,8 @@ THIRD_PARTY_IO = {"chromadb", "networkx", "sqlite3", "openai", "onnxruntime", "h
 #: package, the value and error modules, the server factory, and the parts a user may hand to
 #: Memory — each only by the names its ``__all__`` lists.
 FACE_MODULES = {"hybridmem", "hybridmem.models", "hybridmem.config", "hybridmem.errors",
-                "hybridmem.text", "hybridmem.offline", "hybridmem.server", "hybridmem.cli",
+                "hybridmem.text", "hybridmem.offline", "hybridmem.observe", "hybridmem.server",
+                "hybridmem.cli",
                 "hybridmem.mcp", "hybridmem.graph", "hybridmem.extract",
                 "hybridmem.sqlite.lexical", "hybridmem.graph.name_vectors",
                 "hybridmem.write.policy", "hybridmem.chroma.vector"}

@@ -40,13 +40,14 @@ def test_the_demo_data_has_one_copy_inside_the_package() -> None:
 def test_extras_and_core_dependencies() -> None:
     core = _names(PYPROJECT["dependencies"])
     extras = {k: _names(v) for k, v in PYPROJECT["optional-dependencies"].items()}
-    assert not core & {"fastapi", "uvicorn", "httpx", "matplotlib"}
-    assert extras["server"] == {"fastapi", "uvicorn", "fastapi-offline"}
+    assert not core & {"fastapi", "uvicorn", "httpx", "matplotlib", "prometheus-client"}
+    assert extras["server"] == {"fastapi", "uvicorn", "fastapi-offline", "prometheus-client"}
+    assert extras["otel"] == {"opentelemetry-api"}
     assert extras["notebooks"] >= {"matplotlib", "ipykernel", "nbclient", "nbformat"}
     assert extras["mcp"] == {"mcp"}
     assert extras["langgraph"] == {"langgraph"}
     assert extras["all"] == (extras["server"] | extras["notebooks"] | extras["mcp"]
-                             | extras["langgraph"])
+                             | extras["langgraph"] | extras["otel"])
     # The README's test command installs [dev] only: it must hold every extra the tests use.
     assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "hypothesis", "mypy", "mkdocs"}
 

@@ -330,6 +330,8 @@ def test_a_body_limit_must_be_positive(service: Service) -> None:
 
 ROUTES = {
     "/health": {"get": "health"},
+    "/ready": {"get": "ready"},
+    "/metrics": {"get": "metrics_text"},
     "/v1/users/{user_id}/memories": {"get": "list_memories", "post": "add_memory"},
     "/v1/users/{user_id}/memories/batch": {"post": "add_memories"},
     "/v1/users/{user_id}/memories/{memory_id}": {
@@ -371,12 +373,13 @@ def test_openapi_lists_every_route_with_its_operation_id_and_one_error_body(
         assert schema in schemas
     assert "HTTPValidationError" not in schemas  # FastAPI's default 422 body is not what we send
     error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    # the service's own routes (outside /v1) document the errors they can answer
+    service_routes = {"/health": (), "/ready": ("421", "503"), "/metrics": ("401", "421")}
     for path, ops in paths.items():
         for method, op in ops.items():
-            if path == "/health":
-                continue
-            for status in ("401", "404", "413", "421", "503") + (
-                    ("400",) if path in OPENAI_ROUTES else ("422",)):
+            statuses = service_routes.get(path, ("401", "404", "413", "421", "503") + (
+                ("400",) if path in OPENAI_ROUTES else ("422",)))
+            for status in statuses:
                 body = op["responses"][status]["content"]["application/json"]["schema"]
                 assert body == error_ref, (path, method, status)
     assert set(schemas["ErrorBody"]["properties"]) == {"error", "detail"}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 from urllib.parse import urlparse
 
 from hybridmem.runtime import process
-from hybridmem.runtime.files import user_key
+from hybridmem.runtime.files import USER_KEY, user_key
 from hybridmem.errors import ConfigError, HybridMemError, StorageError
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ __all__ = [
     "COLLECTION_PREFIXES",
     "STAGING",
     "stored_users",
+    "is_memories_name",
     "CollectionKind",
     "collection_name",
     "adopt_sync_threshold",
@@ -146,6 +147,13 @@ def collection_name(user_id: str, kind: CollectionKind = "memories", *,
     """
     name = COLLECTION_PREFIXES[kind] + user_key(user_id)
     return STAGING + name if staging else name
+
+
+def is_memories_name(name: str) -> bool:
+    """Whether ``name`` is a user's memories collection (not an archive, graph, history or
+    staging one): the memories prefix, then a user key and nothing else."""
+    prefix = COLLECTION_PREFIXES["memories"]
+    return name.startswith(prefix) and USER_KEY.fullmatch(name[len(prefix):]) is not None
 
 
 def stored_users(client: ClientAPI) -> list[str]:
@@ -330,6 +338,11 @@ class CollectionHandles:
 
     def __repr__(self) -> str:
         return f"CollectionHandles(cached={len(self._cache)})"
+
+    def cached(self, keep: Callable[[str], bool]) -> int:
+        """How many cached handles have a name ``keep`` accepts."""
+        with self._lock:
+            return sum(1 for name in self._cache if keep(name))
 
     def run(
         self,

@@ -227,6 +227,9 @@ class RecordLoading:
         self._background = background
         self._exclusive = exclusive
         self._misses: dict[str, int] = {}
+        #: Reads answered from the copy, and reads that found none (for a service's metrics;
+        #: counted without a lock, so concurrent reads may lose an increment, never add one).
+        self.hits = self.misses = 0
         #: user -> the thread loading the user's records
         self.loaders: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -238,6 +241,10 @@ class RecordLoading:
             self.records.clear()
             return None
         records = self.records.get(user_id)
+        if records is not None:
+            self.hits += 1
+        else:
+            self.misses += 1
         if records is not None or not self._background:
             return records if records is not None else self._load_now(user_id)
         with self._lock:

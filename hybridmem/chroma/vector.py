@@ -51,10 +51,10 @@ from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
-from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError
+from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError, StorageError
 from hybridmem.filters import Filter
 from hybridmem.models import MemoryItem
-from hybridmem.protocols import VectorHit
+from hybridmem.protocols import StoreReport, VectorHit
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -698,6 +698,26 @@ class ChromaVectorStore:
     def purge_pending(self) -> bool:
         """Whether an erasure awaits its purge (embedded; a Chroma server: never)."""
         return self._compactor is not None and self._compactor.pending
+
+    def ping(self) -> None:
+        """Raise unless Chroma answers (a heartbeat: no collection is read or created); see
+        :class:`~hybridmem.protocols.Pingable`."""
+        self._live()
+        try:
+            with self._handles.borrowed() as client:
+                client.heartbeat()
+        except Exception as exc:
+            raise StorageError(f"Chroma ({self._where}) does not answer: {exc}") from exc
+
+    def report(self) -> StoreReport:
+        """Users whose memories collection is open, and the record copy's hits and misses
+        (see :class:`~hybridmem.protocols.Reporting`)."""
+        loading = self._loading
+        return StoreReport(
+            open_users=self._handles.cached(_chroma.is_memories_name),
+            cache_hits=None if loading is None else loading.hits,
+            cache_misses=None if loading is None else loading.misses,
+        )
 
     def _owed(self) -> AbstractContextManager[None]:
         return self._compactor.owed() if self._compactor is not None else nullcontext()

@@ -38,6 +38,7 @@ from hybridmem.cli.importfile import ImportFileError, batches, read_bundle, read
 
 if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
     from hybridmem import Memory
+    from hybridmem.observe import Observer
 
 HELP = """Long-term memory for LLM apps, from the command line.
 
@@ -101,14 +102,15 @@ def _settings(**fields: Any) -> Settings:
 
 @contextmanager
 def _memory(
-    data_dir: Optional[Path] = None, *, settings: Settings | None = None
+    data_dir: Optional[Path] = None, *, settings: Settings | None = None,
+    observer: Observer | None = None,
 ) -> Iterator[Memory]:
     """Open a Memory (environment settings, ``--data-dir`` over them); our errors in one line."""
     settings = settings if settings is not None else _settings(data_dir=data_dir)
     try:
         from hybridmem import Memory
 
-        with Memory(settings) as mem:
+        with Memory(settings, observer=observer) as mem:
             yield mem
     except HybridMemError as exc:
         raise _fail(str(exc)) from None
@@ -607,7 +609,7 @@ def serve(
         raise _fail(f"refusing to serve on {host} without an API key; set "
                     "HYBRIDMEM_SERVER_API_KEY (comma-separated for several) or use --host "
                     "127.0.0.1", code=2)
-    from hybridmem.server import create_app
+    from hybridmem.server import Metrics, create_app
 
     level = getattr(logging, log_level.upper(), logging.INFO)
     handler = logging.StreamHandler()
@@ -620,10 +622,11 @@ def serve(
     out.print(f"OpenAI-compatible base URL: http://{shown}:{port}/v1 (name the user with the "
               "'user' field or the X-HybridMem-User header)", highlight=False, markup=False,
               soft_wrap=True)
-    with _memory(settings=settings) as mem:
+    metrics = Metrics()  # its observer times the Memory's stages for /metrics
+    with _memory(settings=settings, observer=metrics.observer) as mem:
         # One worker: the embedded store belongs to this process; requests run in its threadpool.
         # uvicorn's access log is off: hybridmem.server logs route templates, not user ids.
-        uvicorn.run(create_app(mem, allowed_hosts=hosts), host=host, port=port,
+        uvicorn.run(create_app(mem, allowed_hosts=hosts, metrics=metrics), host=host, port=port,
                     log_level=log_level.lower(), access_log=False)
 
 

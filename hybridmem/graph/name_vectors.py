@@ -45,7 +45,7 @@ import numpy as np
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.sqlite.base import PerUserSqlite
 from hybridmem.models import Extraction, GraphEntity, GraphRelation
-from hybridmem.protocols import GraphStore
+from hybridmem.protocols import GraphStore, Pingable
 
 __all__ = ["FILE_NAME", "FILL_BATCH", "FIRST_ROWS", "NAME_VECTORS", "NameStore", "NameVectors",
            "NamedGraph"]
@@ -464,6 +464,11 @@ class NamedGraph:
 
     def __repr__(self) -> str:
         return f"NamedGraph({self.inner!r}, {self.names!r})"
+
+    def ping(self) -> None:
+        """The wrapped store's :meth:`~hybridmem.protocols.Pingable.ping`, if it has one."""
+        if isinstance(self.inner, Pingable):
+            self.inner.ping()
 
     def add_extractions(self, user_id: str, items: Sequence[tuple[str, Extraction]], *,
                         links: bool | Sequence[tuple[str, str]] = True) -> None:

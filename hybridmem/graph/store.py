@@ -69,7 +69,13 @@ from hybridmem.graph.fileformat import (
 )
 from hybridmem.graph.state import LOG_FILE, Links, UserGraph, edge_label, stamp_of
 from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
-from hybridmem.runtime.files import atomic_write_bytes, user_dir, user_key, user_lock
+from hybridmem.runtime.files import (
+    atomic_write_bytes,
+    check_users_dir,
+    user_dir,
+    user_key,
+    user_lock,
+)
 from hybridmem.runtime.locks import UserLocks
 
 __all__ = ["GRAPH_FILE", "LOG_FILE", "SCHEMA", "NetworkXGraphStore", "graph_copy"]
@@ -201,6 +207,13 @@ class NetworkXGraphStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the graph store is closed; create a new NetworkXGraphStore")
+
+    def ping(self) -> None:
+        """Raise unless the store serves: open, and (with a ``data_dir``) its users' directory
+        writable (see :class:`~hybridmem.protocols.Pingable`)."""
+        self._check_open()
+        if self.data_dir is not None:
+            check_users_dir(self.data_dir, "graph store")
 
     def _load(self, st: UserGraph) -> None:
         """Read the snapshot, then replay the log over it (see :func:`gc_paused` for why the

@@ -10,6 +10,7 @@ of concurrent searches in one call. What a search leaves behind (access counts) 
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import threading
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from hybridmem.filters import Filter
 from hybridmem.graph.activation import LINK_FLOOR, LINK_NODES
 from hybridmem.graph.name_vectors import NAME_VECTORS, NameVectors
 from hybridmem.models import Hit, MemoryItem, utcnow
+from hybridmem.observe import NullObserver, Observer
 from hybridmem.read.ranking import Candidate, Weights, explain, fuse, graph_seeds, last_written
 from hybridmem.stores import Stores
 
@@ -110,8 +112,10 @@ class Retriever:
     """Hybrid search over one Memory's stores."""
 
     def __init__(self, settings: Settings, stores: Stores, *, embed: Embed,
-                 names: NameVectors | None = None) -> None:
+                 names: NameVectors | None = None, observer: Observer | None = None) -> None:
         self._settings = settings
+        #: times the vector, lexical and graph stages (the embed stage is the embedder's)
+        self._observe = observer if observer is not None else NullObserver()
         self._stores = stores
         self._embed = embed
         self.weights = weights_of(settings)
@@ -196,13 +200,14 @@ class Retriever:
         vector = w.vector > 0 or not w.lexical > 0
         lexical: Future[list[tuple[str, float]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
-            lexical = self._pool().submit(self._stores.lexical.search, user_id, query,
-                                          limit=widest)
+            lexical = self._pool().submit(contextvars.copy_context().run,  # a trace's parent
+                                          self._lexical, user_id, query, widest)
         qvec: list[float] | None = None
         if vector:
             qvec = self._query_vector(query)
-            lists = self._stores.vectors.query_sections(
-                user_id, qvec, [(pool, where) for pool, (_, where) in zip(pools, sections)])
+            with self._observe.stage("vector"):
+                lists = self._stores.vectors.query_sections(
+                    user_id, qvec, [(pool, where) for pool, (_, where) in zip(pools, sections)])
             for n, hits in enumerate(lists):
                 for rank, hit in enumerate(hits, 1):
                     items[n][hit.item.id] = hit.item
@@ -210,15 +215,17 @@ class Retriever:
                     c.vector, c.vector_rank = hit.similarity, rank
         if w.lexical > 0:
             found = (lexical.result() if lexical is not None
-                     else self._stores.lexical.search(user_id, query, limit=widest))
+                     else self._lexical(user_id, query, widest))
             for n, pool in enumerate(pools):
                 for rank, (memory_id, score) in enumerate(found[:pool], 1):
                     c = makers[n](memory_id)
                     c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:  # one activation, from the first section's candidates
-            reached = self._activation(user_id, query, [makers[0](m) for m in cands[0]], qvec)
-            for n, pool in enumerate(pools):
-                _join_graph(reached, list(cands[n]), makers[n], pool)
+            with self._observe.stage("graph"):
+                reached = self._activation(user_id, query, [makers[0](m) for m in cands[0]],
+                                           qvec)
+                for n, pool in enumerate(pools):
+                    _join_graph(reached, list(cands[n]), makers[n], pool)
         missing = [[m for m in cands[n] if m not in items[n]] for n in range(len(sections))]
         wanted = list(dict.fromkeys(m for ids in missing for m in ids))
         if wanted:
@@ -251,6 +258,10 @@ class Retriever:
             Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
             for c, b in ranked
         ]
+
+    def _lexical(self, user_id: str, query: str, pool: int) -> list[tuple[str, float]]:
+        with self._observe.stage("lexical"):
+            return self._stores.lexical.search(user_id, query, limit=pool)
 
     def _activation(
         self, user_id: str, query: str, found: list[Candidate], qvec: Sequence[float] | None,

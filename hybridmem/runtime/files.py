@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,10 +20,15 @@ from filelock import FileLock
 from hybridmem.errors import InvalidUserIdError, StorageError
 from hybridmem.models import validate_user_id
 
-__all__ = ["LOCK_STRIPES", "atomic_write_bytes", "remove_tree", "user_key", "user_dir", "user_lock"]
+__all__ = ["LOCK_STRIPES", "USER_KEY", "atomic_write_bytes", "check_users_dir", "remove_tree",
+           "user_key", "user_dir", "user_lock"]
 
 #: How many lock files a data directory has; users share them by the hash of their id.
 LOCK_STRIPES = 64
+
+
+#: What every :func:`user_key` looks like.
+USER_KEY = re.compile(r"u-[0-9a-f]{40}")
 
 
 def user_key(user_id: str) -> str:
@@ -40,6 +46,17 @@ def user_dir(data_dir: Path, user_id: str, *, create: bool = True) -> Path:
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def check_users_dir(data_dir: Path, what: str) -> None:
+    """Raise :class:`StorageError` unless the users' files can be written: ``data_dir/users``,
+    or before the first user ``data_dir`` itself, is a directory this process may write to. Creates
+    nothing (a readiness probe must not)."""
+    root = data_dir / "users"
+    where = root if root.exists() else data_dir
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise StorageError(f"the {what} cannot write its files in {where}: check that the "
+                           "directory exists and this process may write to it")
 
 
 def user_lock(data_dir: Path, user_id: str) -> FileLock:

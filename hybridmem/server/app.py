@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from hybridmem import AsyncMemory, Memory
 from hybridmem.server.asgi import (
     API_PREFIX,
+    Admission,
     AdmissionMiddleware,
     BodyLimitMiddleware,
     GateMiddleware,
@@ -61,8 +62,9 @@ from hybridmem.server.asgi import (
     install_error_handlers,
     sse,
 )
+from hybridmem.server.metrics import METRICS_PATH, Metrics, MetricsMiddleware
 from hybridmem.server.proxy import COMPLETIONS_PATH, MODELS_PATH, OpenAIProxy, openai_router
-from hybridmem.errors import ConfigError
+from hybridmem.errors import ConfigError, HybridMemError
 from hybridmem.models import (
     GRAPH_FORMATS,
     MAX_LIMIT,
@@ -199,6 +201,10 @@ class Health(BaseModel):
     version: str
 
 
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+
+
 class ErrorDetail(BaseModel):
     message: str = Field(description="What went wrong and what to do.")
     type: str = Field(description="The error class, e.g. NotFoundError, InvalidUserIdError.")
@@ -251,12 +257,16 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     max_inflight: int = 64,
     queue_timeout: float = 10.0,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``memory`` (a :class:`Memory` is wrapped in an :class:`AsyncMemory`,
     which its creator keeps and closes). ``api_keys`` default to ``settings.server_keys()``;
     with none, ``/v1`` is open (for loopback use: ``hybridmem serve`` refuses other hosts).
     ``allowed_hosts`` (Host header names, ``"*"`` for any) default to ``settings.server_hosts()``,
-    else :data:`LOOPBACK_HOSTS`. ``max_inflight`` and ``queue_timeout``: see the module docstring."""
+    else :data:`LOOPBACK_HOSTS`. ``max_inflight`` and ``queue_timeout``: see the module docstring.
+    ``metrics`` (see :mod:`hybridmem.server.metrics`): give the one whose ``observer`` the Memory
+    was built with, so ``/metrics`` has the stage timings too; by default the app makes its own,
+    without them."""
     from hybridmem import __version__
 
     if isinstance(memory, Memory):
@@ -278,6 +288,9 @@ def create_app(
         log.warning("no server API key configured: /v1 routes need no authentication")
 
     proxy = OpenAIProxy(memory)
+    metrics = metrics if metrics is not None else Metrics()
+    admission = Admission()
+    metrics.watch(memory, admission, proxy.stats)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -293,6 +306,7 @@ def create_app(
                          swagger_ui_parameters={"validatorUrl": None},
                          generate_unique_id_function=_operation_id, lifespan=lifespan)
     app.state.openai_proxy = proxy
+    app.state.metrics = metrics
     # The dependency only documents the scheme in OpenAPI: the key is checked by GateMiddleware,
     # before the body is read, so an unauthenticated client learns nothing from validation errors.
     bearer = HTTPBearer(auto_error=False, description="HYBRIDMEM_SERVER_API_KEY")
@@ -304,6 +318,30 @@ def create_app(
     async def health() -> Health:
         """Liveness; needs no key."""
         return Health(version=__version__)
+
+    @app.get("/ready", tags=["service"], response_model=Ready,
+             responses={421: ERROR_RESPONSES[421], 503: ERROR_RESPONSES[503]})
+    async def ready() -> Any:
+        """Readiness: 200 when the vector store, the lexical index, the graph store and the
+        history answer (see :meth:`Memory.ping`), else 503 with the error of the first that does
+        not; needs no key."""
+        try:
+            await memory.ping()
+        except HybridMemError as exc:
+            log.warning("not ready: %s", type(exc).__name__)
+            return error_response(503, type(exc).__name__, str(exc))
+        return Ready()
+
+    @app.get(METRICS_PATH, tags=["service"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}},
+                              "description": "Prometheus' text format"},
+                        401: ERROR_RESPONSES[401], 421: ERROR_RESPONSES[421]})
+    async def metrics_text() -> Response:
+        """The service's metrics in Prometheus' text format (see
+        :mod:`hybridmem.server.metrics`); needs the key when keys are configured."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # -- memories
     @v1.post("/memories", status_code=201, tags=["memories"])
@@ -507,10 +545,12 @@ def create_app(
 
     app.include_router(v1)
     app.include_router(openai_router(proxy, ERROR_RESPONSES), dependencies=[Security(bearer)])
-    # The last added runs first: log, check the Host and the key, admit, then cap the body.
+    # The last added runs first: count, log, check the Host and the key, admit, cap the body.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(AdmissionMiddleware, max_inflight=max_inflight, wait=queue_timeout,
-                       prefix=API_PREFIX)
-    app.add_middleware(GateMiddleware, hosts=hosts, keys=keys, prefix=API_PREFIX)
+                       prefix=API_PREFIX, admission=admission)
+    app.add_middleware(GateMiddleware, hosts=hosts, keys=keys, prefix=API_PREFIX,
+                       guarded=(METRICS_PATH,))
     app.add_middleware(LogMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, prefix=API_PREFIX)
     return app

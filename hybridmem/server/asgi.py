@@ -31,8 +31,9 @@ from hybridmem.errors import HybridMemError
 from hybridmem.models import pydantic_message
 
 __all__ = [
-    "API_PREFIX", "AdmissionMiddleware", "BodyLimitMiddleware", "GateMiddleware", "LogMiddleware", "error_body", "error_response",
-    "install_error_handlers", "sse",
+    "API_PREFIX", "Admission", "AdmissionMiddleware", "BodyLimitMiddleware", "GateMiddleware",
+    "LogMiddleware", "error_body", "error_response", "install_error_handlers", "route_template",
+    "sse",
 ]
 
 #: The service logs under one name, whichever of its two modules speaks.
@@ -83,7 +84,7 @@ def install_error_handlers(app: FastAPI, *, wire_paths: Sequence[str] = ()) -> N
     @app.exception_handler(HybridMemError)
     async def hybridmem_error(request: Request, exc: HybridMemError) -> JSONResponse:
         if exc.status_code >= 500:
-            log.warning("%s %s failed: %s", request.method, _template(request.scope),
+            log.warning("%s %s failed: %s", request.method, route_template(request.scope),
                         type(exc).__name__)
         retry = {"Retry-After": "1"} if exc.retryable else {}
         return error_response(exc.status_code, type(exc).__name__, str(exc), **retry)
@@ -99,7 +100,7 @@ def install_error_handlers(app: FastAPI, *, wire_paths: Sequence[str] = ()) -> N
         if any(e.get("loc", ())[-1:] == ("memories",) for e in details):
             message += "; to add several memories, POST {\"memories\": [...]} to .../memories/batch"
         param = _param([[str(part) for part in e.get("loc", ())] for e in details])
-        if _template(request.scope) in wire_paths:
+        if route_template(request.scope) in wire_paths:
             return JSONResponse(error_body("invalid_request_error", message, param=param),
                                 status_code=400)
         return JSONResponse(
@@ -114,7 +115,7 @@ def install_error_handlers(app: FastAPI, *, wire_paths: Sequence[str] = ()) -> N
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s failed unexpectedly: %s", request.method, _template(request.scope),
+        log.error("%s %s failed unexpectedly: %s", request.method, route_template(request.scope),
                   type(exc).__name__)
         return error_response(500, "InternalServerError", "internal error; see the server log")
 
@@ -132,7 +133,7 @@ def _param(locs: list[list[str]]) -> str | None:
 
 
 # -- middleware (pure ASGI: no body is read before the key and the size are checked) ---------------
-def _template(scope: Scope) -> str:
+def route_template(scope: Scope) -> str:
     """The route's path template (``/v1/users/{user_id}/memories``): never a raw ``/v1`` path,
     which carries a user id."""
     path = getattr(scope.get("route"), "path", None)
@@ -175,7 +176,7 @@ class LogMiddleware:
         try:
             await self.app(scope, receive, sending)
         finally:
-            log.info("%s %s %d %.1fms", scope["method"], _template(scope), status,
+            log.info("%s %s %d %.1fms", scope["method"], route_template(scope), status,
                      (time.perf_counter() - started) * 1000)
 
 
@@ -198,12 +199,13 @@ class GateMiddleware:
     """Two checks before any body is read. The Host header must name an allowed host (``*``: any),
     so a web page that DNS-rebinds its own name to 127.0.0.1 cannot reach a keyless loopback
     service (421). Paths under ``prefix`` need ``Authorization: Bearer <key>`` when keys are
-    configured (401); keys are compared in constant time with :func:`hmac.compare_digest`, each of
-    them, so timing tells nothing."""
+    configured (401), and so do the ``guarded`` paths outside it (``/metrics``); keys are compared
+    in constant time with :func:`hmac.compare_digest`, each of them, so timing tells nothing."""
 
     def __init__(self, app: ASGIApp, *, hosts: Sequence[str], keys: Sequence[str],
-                 prefix: str) -> None:
+                 prefix: str, guarded: Sequence[str] = ()) -> None:
         self.app, self.prefix = app, prefix
+        self.guarded = frozenset(guarded)
         self.any_host = "*" in hosts
         self.hosts = {h.strip().lower().strip("[]") for h in hosts}
         self.keys = [k.encode("utf-8") for k in keys]
@@ -227,7 +229,8 @@ class GateMiddleware:
                               "to HYBRIDMEM_SERVER_ALLOWED_HOSTS if it is yours")
             return
         path = str(scope.get("path", ""))
-        guarded = path == self.prefix or path.startswith(self.prefix + "/")
+        guarded = (path == self.prefix or path.startswith(self.prefix + "/")
+                   or path in self.guarded)
         if self.keys and guarded and not self._key_ok(scope):
             await _send_error(send, 401, "AuthenticationError",
                               "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -236,15 +239,27 @@ class GateMiddleware:
         await self.app(scope, receive, send)
 
 
+class Admission:
+    """What the admission queue holds, for the service's metrics: requests running, requests
+    waiting for a slot, and requests refused (503) since the start. Changed only on the event
+    loop's thread; read at scrape time."""
+
+    def __init__(self) -> None:
+        self.running = self.waiting = self.refused = 0
+
+
 class AdmissionMiddleware:
     """At most ``max_inflight`` requests under ``prefix`` run at once (a streaming reply counts
     until it ends). A request that finds no free slot within ``wait`` seconds is answered 503 with
     ``Retry-After`` before any of it ran — its body is not even read — so the client may retry it
-    unchanged. Requests that did start are never cut: see :mod:`hybridmem.server.app`."""
+    unchanged. Requests that did start are never cut: see :mod:`hybridmem.server.app`.
+    ``admission`` counts them (see :class:`Admission`)."""
 
-    def __init__(self, app: ASGIApp, *, max_inflight: int, wait: float, prefix: str) -> None:
+    def __init__(self, app: ASGIApp, *, max_inflight: int, wait: float, prefix: str,
+                 admission: Admission | None = None) -> None:
         self.app, self.prefix, self.wait, self.max = app, prefix, wait, max_inflight
         self.slots = anyio.Semaphore(max_inflight)
+        self.admission = admission if admission is not None else Admission()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
@@ -253,19 +268,26 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         admitted = False
-        with anyio.move_on_after(self.wait):
-            await self.slots.acquire()
-            admitted = True
+        self.admission.waiting += 1
+        try:
+            with anyio.move_on_after(self.wait):
+                await self.slots.acquire()
+                admitted = True
+        finally:
+            self.admission.waiting -= 1
         if not admitted:
+            self.admission.refused += 1
             log.warning("%s %s refused: %d requests in flight for %.1fs", scope["method"],
-                        _template(scope), self.max, self.wait)
+                        route_template(scope), self.max, self.wait)
             await _send_error(send, 503, "ServerBusy",
                               "the service is busy; nothing of this request ran: retry it later",
                               [(b"retry-after", b"1")])
             return
+        self.admission.running += 1
         try:
             await self.app(scope, receive, send)
         finally:
+            self.admission.running -= 1
             self.slots.release()
 
 

@@ -121,12 +121,26 @@ class ChatCompletionRequest(BaseModel):
 # -- the route's state ---------------------------------------------------------------------------
 @dataclass
 class ProxyStats:
-    """Counters of the OpenAI-compatible route: exchanges stored, stores that failed, and stores
-    pending (responses sent or being sent whose exchange is not stored, skipped or failed yet)."""
+    """Counters of the OpenAI-compatible route: exchanges stored, stores that failed, stores
+    pending (responses sent or being sent whose exchange is not stored, skipped or failed yet),
+    and the tokens the upstream reported in its answers' ``usage`` (a stream reports it only when
+    the caller asked, with ``stream_options: {"include_usage": true}``)."""
 
     stored: int = 0
     store_failures: int = 0
     pending: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add_usage(self, usage: Any) -> None:
+        """Count an answer's ``usage`` object; anything else (absent, malformed) counts nothing."""
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            self.prompt_tokens += prompt
+        if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+            self.completion_tokens += completion
 
 
 @dataclass
@@ -331,6 +345,7 @@ class OpenAIProxy:
         except (ValueError, KeyError, TypeError):
             return _wire_error(502, "server_error", f"the endpoint at {self.base_url} answered "
                                "with something other than a chat completion")
+        self.stats.add_usage(completion.get("usage") if isinstance(completion, dict) else None)
         reply = _Reply(complete=True)
         for choice in choices if isinstance(choices, list) else ():
             reply.observe_choice(choice, delta=False)
@@ -395,8 +410,7 @@ class OpenAIProxy:
             with anyio.CancelScope(shield=True):  # a cancelled relay still hangs up upstream
                 await answer.aclose()
 
-    @staticmethod
-    def _observe(lines: list[str], reply: _Reply) -> None:
+    def _observe(self, lines: list[str], reply: _Reply) -> None:
         data = "\n".join(line[5:].lstrip() for line in lines if line.startswith("data:"))
         if data.strip() == "[DONE]":
             reply.complete = True
@@ -408,6 +422,8 @@ class OpenAIProxy:
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
         for choice in choices if isinstance(choices, list) else ():
             reply.observe_choice(choice, delta=True)
+        if isinstance(chunk, dict):
+            self.stats.add_usage(chunk.get("usage"))
 
     def _relay_error(self, status: int, content: bytes,
                      upstream_headers: httpx.Headers) -> Response:

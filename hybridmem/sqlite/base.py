@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hybridmem.runtime.files import user_dir, user_key
+from hybridmem.runtime.files import check_users_dir, user_dir, user_key
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import ClosedError, CorruptStateError, StorageError, StoreBusyError
 
@@ -102,6 +102,14 @@ class PerUserSqlite:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def ping(self) -> None:
+        """Raise unless the store serves: open, and its users' directory writable (see
+        :class:`~hybridmem.protocols.Pingable`)."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError(f"the {self.what} is closed; create a new {type(self).__name__}")
+        check_users_dir(self._data_dir, self.what)
 
     def _conn(self, user_id: str, *, create: bool = True) -> sqlite3.Connection | None:
         """The user's connection (call with the user's lock held, see :meth:`_user`); None if
