@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from hybridmem.models import AddRequest, MemoryItem, MetadataValue, Relation
+from hybridmem.models import AddRequest, Knowledge, MemoryItem, MetadataValue, Relation
 from hybridmem.prompts import JUDGE_PROMPT as JUDGE_PROMPT  # re-exported: the writer reads it here
 from hybridmem.text import content_words, entity_key
 
@@ -29,6 +29,7 @@ __all__ = [
     "doomed",
     "functional",
     "jaccard",
+    "knowledge_of",
     "merge_metadata",
     "merged",
     "near_duplicate",
@@ -116,6 +117,7 @@ def bumped(base: MemoryItem, request: AddRequest, now: datetime) -> MemoryItem:
         "confidence": max(base.confidence, request.confidence),
         "importance": max(base.importance, request.importance),
         "metadata": merge_metadata(base.metadata, request.metadata),
+        "knowledge": knowledge_of(base.knowledge, request.knowledge),
         "updated_at": now,
     })
 
@@ -129,8 +131,15 @@ def merged(into: MemoryItem, new: MemoryItem, now: datetime) -> MemoryItem:
         "confidence": max(into.confidence, new.confidence),
         "importance": max(into.importance, new.importance),
         "metadata": merge_metadata(into.metadata, new.metadata),
+        "knowledge": knowledge_of(into.knowledge, new.knowledge),
         "updated_at": now,
     })
+
+
+def knowledge_of(first: Knowledge | None, second: Knowledge | None) -> Knowledge | None:
+    """What the caller stated about two memories that become one: both statements, each
+    entity and relation once."""
+    return first | second if first else (second or None)
 
 
 def doomed(
