@@ -45,6 +45,7 @@ from hybridmem.errors import (
 from hybridmem.filters import all_of, as_of_filter, eq, memory_filter
 from hybridmem.models import (
     MAX_LIMIT,
+    MAX_PATHS,
     AddRequest,
     ChatReply,
     Context,
@@ -95,9 +96,8 @@ MAX_CONTEXT_EPISODES = 2
 MAX_CONTEXT_PROCEDURES = 3
 #: Key facts offered to a context beyond those the search found.
 MAX_CONTEXT_FACTS = 10
-#: Most paths one :meth:`Memory.query_path` call returns, and the longest (hops) it looks for:
-#: together they bound the search's cost on any graph.
-MAX_PATHS = 10
+#: The longest path (hops) :meth:`Memory.query_path` looks for; with ``MAX_PATHS`` it bounds the
+#: search's cost on any graph.
 MAX_PATH_DEPTH = 6
 #: Longest key of :meth:`Memory.remember`.
 MAX_KEY_CHARS = 100

@@ -28,6 +28,7 @@ __all__ = [
     "validate_as_of",
     "validate_limit",
     "MAX_LIMIT",
+    "MAX_PATHS",
     "MAX_SAFE_INT",
     "MAX_TEXT_CHARS",
     "AddRequest",
@@ -78,6 +79,8 @@ MAX_RELATIONS = 50
 #: Longest entity name (and relation end) a caller may state; predicates and types: 100.
 MAX_NAME_CHARS = 200
 MAX_PREDICATE_CHARS = 100
+#: Most paths one ``query_path(..., k=)`` returns.
+MAX_PATHS = 10
 
 #: Largest metadata int magnitude: beyond 2**53 a JSON number (and Chroma) loses precision.
 MAX_SAFE_INT = 2**53

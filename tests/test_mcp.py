@@ -32,7 +32,7 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"add_memory", "add_messages", "search_memories", "build_context", "remember_fact",
-         "list_facts", "forget"}
+         "list_facts", "forget", "query_path"}
 
 
 @pytest.fixture

@@ -65,10 +65,12 @@ from hybridmem.server.proxy import COMPLETIONS_PATH, MODELS_PATH, OpenAIProxy, o
 from hybridmem.errors import ConfigError
 from hybridmem.models import (
     MAX_LIMIT,
+    MAX_PATHS,
     AddRequest,
     ChatReply,
     Context,
     GraphEntity,
+    GraphPath,
     GraphRelation,
     HistoryEvent,
     Hit,
@@ -402,6 +404,18 @@ def create_app(
     ) -> list[str]:
         """How two entities are related (readable edges such as ``a -bought-> b``); [] if not."""
         return await memory.query_path(user_id, a, b, max_depth=max_depth)
+
+    @v1.get("/paths", tags=["graph"])
+    async def query_paths(
+        user_id: str,
+        a: Annotated[str, Query(min_length=1, max_length=500, description="An entity.")],
+        b: Annotated[str, Query(min_length=1, max_length=500, description="Another entity.")],
+        k: int = Query(3, ge=1, le=MAX_PATHS, description="How many paths at most."),
+        max_depth: int = Query(3, ge=1, le=MAX_PATH_DEPTH),
+    ) -> list[GraphPath]:
+        """The ``k`` shortest paths between two entities, shortest first, each with its
+        entities and each hop's predicates; [] if none."""
+        return await memory.query_path(user_id, a, b, max_depth=max_depth, k=k)
 
     # -- chat
     @v1.post(
