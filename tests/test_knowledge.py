@@ -190,6 +190,47 @@ def test_a_repeat_adds_what_it_states_and_it_survives_a_reopen(
         assert first.id in _node_of(mem, USER, "Warehouse 7")["memory_ids"]
 
 
+def test_a_near_duplicate_folds_its_statement_into_the_memory_it_repeats(mem: Memory) -> None:
+    """Once with a richer text (the memory is rewritten and re-extracted), once without (its
+    fields change only): either way what the repeat stated joins the memory's evidence."""
+    first = mem.add(USER, "Alice bought the ROG Strix laptop in March at the Lyon store",
+                    entities=["SKU-1"])
+    richer = mem.add(USER, "Alice bought the ROG Strix laptop in March at the Lyon store "
+                     "downtown", entities=["SKU-2"])
+    poorer = mem.add(USER, "Alice bought the ROG Strix laptop in March at Lyon store",
+                     entities=["SKU-3"], relations=[("SKU-3", "replaces", "SKU-1")])
+    assert first.id == richer.id == poorer.id and mem.count(USER) == 1
+    assert poorer.knowledge is not None
+    assert [e.name for e in poorer.knowledge.entities] == ["SKU-1", "SKU-2", "SKU-3"]
+    for name in ("SKU-1", "SKU-2", "SKU-3", "ROG Strix laptop"):
+        assert _node_of(mem, USER, name)["memory_ids"] == {first.id}
+    assert [str(r) for r in mem.relations(USER) if r.predicate == "replaces"] == [
+        "SKU-3 -replaces-> SKU-1"]
+
+
+def test_re_extraction_keeps_what_the_caller_stated(
+    make_settings: Callable[..., Settings], openai_server: Any
+) -> None:
+    from openai_wire import Reply
+
+    settings = make_settings(embedder="hash", extractor="llm", base_url=openai_server.base_url,
+                             api_key="sk-test", max_retries=0, request_timeout=5,
+                             episode_turns=0)
+    with Memory(settings) as mem:
+        openai_server.script(Reply.error(500, "down"), Reply.error(500, "down"))
+        item = mem.add(USER, "Ann bought a ROG laptop in Berlin", entities=["SKU-77"],
+                       relations=[("SKU-77", "is_sku_of", "ROG laptop")])
+        assert item.needs_extraction
+        openai_server.reset()
+        openai_server.script(json.dumps({
+            "entities": [{"name": "ROG laptop", "type": "product"}],
+            "relations": [{"subject": "Ann", "predicate": "bought", "object": "ROG laptop"}]}))
+        assert mem.reextract(USER) == 1
+        assert not mem.get(USER, item.id).needs_extraction
+        assert sorted(str(r) for r in mem.relations(USER)) == [
+            "Ann -bought-> ROG laptop", "SKU-77 -is_sku_of-> ROG laptop"]
+
+
 def test_knowledge_union_keeps_each_statement_once() -> None:
     a = Knowledge(entities=["SKU-1", "Acme"], relations=[("SKU-1", "made_by", "Acme")])
     b = Knowledge(entities=["Acme", "Lamp"], relations=[("SKU-1", "made_by", "Acme")])
