@@ -425,3 +425,35 @@ async def test_mcp_round_trip(tmp_path: Path) -> None:
                                                          "entities": ["\u202eevil"]})
             assert bad.is_error
             assert json.dumps([c.model_dump() for c in bad.content]).count("InvalidInputError")
+
+
+def test_cli_add_with_knowledge_and_graph_path(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from hybridmem.cli import app
+
+    monkeypatch.setenv("HYBRIDMEM_DATA_DIR", str(tmp_path / "hm"))
+    monkeypatch.setenv("HYBRIDMEM_EMBEDDER", "hash")
+    cli = CliRunner()
+
+    def run(*args: str, code: int = 0) -> str:
+        result = cli.invoke(app, list(args))
+        assert result.exit_code == code, (result.exit_code, result.output)
+        return result.output
+
+    run("add", USER, "Catalogue line one.", "--entity", "SKU-1", "--entity", "Lamp",
+        "--relation", "SKU-1 -variant_of-> Lamp", "--relation", "Lamp -made_by-> Acme")
+    run("add", USER, "Catalogue line two.", "--relation", "SKU-1 -sold_by-> Shop",
+        "--relation", "Shop -partner_of-> Acme")
+    lines = run("graph", "path", USER, "SKU-1", "Acme", "-k", "3").splitlines()
+    assert sorted(lines) == ["SKU-1 -sold_by-> Shop | Shop -partner_of-> Acme",
+                             "SKU-1 -variant_of-> Lamp | Lamp -made_by-> Acme"]
+    as_json = json.loads(run("graph", "path", USER, "SKU-1", "Acme", "--json"))
+    assert len(as_json) == 1 and as_json[0]["edges"] == lines[0].split(" | ")
+    assert run("graph", "path", USER, "SKU-1", "nobody") == ""
+    run("add", USER, "x", "--relation", "no arrow here", code=2)
+    run("add", USER, "x", "--entity", "bad\x07name", code=1)
+    run("graph", "path", USER, "SKU-1", "Acme", "--max-depth", "99", code=2)
+    with Memory(Settings(data_dir=tmp_path / "hm", embedder="hash")) as mem:
+        assert mem.count(USER) == 2
