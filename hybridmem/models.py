@@ -430,14 +430,20 @@ class Knowledge(_Model):
         return bool(self.entities or self.relations)
 
     def __or__(self, other: Knowledge | None) -> Knowledge:
-        """Both statements, each entity and relation once (the first type given wins)."""
+        """Both statements, each entity and relation once (the first type given wins). What a
+        memory holds stays within the limits: a union beyond them is refused
+        (:class:`InvalidInputError`), before anything is written."""
         if not other:
             return self
-        return Knowledge(
-            entities=_unique(self.entities, other.entities, lambda e: e.name),
-            relations=_unique(self.relations, other.relations,
-                              lambda r: (r.subject, r.predicate, r.object)),
-        )
+        entities = _unique(self.entities, other.entities, lambda e: e.name)
+        relations = _unique(self.relations, other.relations,
+                            lambda r: (r.subject, r.predicate, r.object))
+        if len(entities) > MAX_ENTITIES or len(relations) > MAX_RELATIONS:
+            raise InvalidInputError(
+                f"the memory this repeats would hold {len(entities)} stated entities and "
+                f"{len(relations)} relations, more than {MAX_ENTITIES} and {MAX_RELATIONS}; "
+                "state the new ones with a memory of their own")
+        return Knowledge(entities=entities, relations=relations)
 
     def over(self, extraction: Extraction) -> Extraction:
         """``extraction`` with this knowledge merged in, the caller's statements first (so a new

@@ -108,6 +108,11 @@ def test_limits_are_typed_errors_and_nothing_is_written(mem: Memory) -> None:
         with pytest.raises(InvalidInputError):
             mem.add_many(USER, ["Order 3 shipped.", {"text": "Order 2 shipped.", **fields}])
     assert (mem.count(USER), len(mem.entities(USER))) == before  # no half-write
+    # a repeat may not push the memory it repeats beyond the limits either
+    with pytest.raises(InvalidInputError, match="more than"):
+        mem.add(USER, "Order 1 shipped.", entities=["SKU-new"])
+    assert (mem.count(USER), len(mem.entities(USER))) == before
+    assert mem.list(USER)[0].mention_count == 1
 
 
 # -- the graph, search, forget, export and import ------------------------------------------------
