@@ -28,7 +28,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -40,12 +40,15 @@ from hybridmem.models import (
     AddRequest,
     ChatReply,
     Context,
+    Entity,
     GraphEntity,
+    GraphPath,
     GraphRelation,
     HistoryEvent,
     Hit,
     MemoryItem,
     MemoryStatus,
+    Relation,
     Usage,
     UserStats,
 )
@@ -235,12 +238,14 @@ class AsyncMemory:
         created_at: datetime | None = None,
         expires_at: datetime | None = None,
         infer: bool = True,
+        entities: Sequence[str | Mapping[str, Any] | Entity] | None = None,
+        relations: Sequence[Sequence[str] | Mapping[str, Any] | Relation] | None = None,
     ) -> MemoryItem:
         """Store one memory and return it (see :meth:`Memory.add`)."""
         return await self._write(user_id, partial(
             self._memory.add, user_id, text, kind=kind, category=category, importance=importance,
             confidence=confidence, source=source, metadata=metadata, created_at=created_at,
-            expires_at=expires_at, infer=infer,
+            expires_at=expires_at, infer=infer, entities=entities, relations=relations,
         ))
 
     async def add_many(
@@ -419,11 +424,22 @@ class AsyncMemory:
         """Every relation of the user's graph (see :meth:`Memory.relations`)."""
         return await self._run(partial(self._memory.relations, user_id))
 
+    @overload
+    async def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3,
+                         k: None = None) -> builtins.list[str]: ...
+    @overload
+    async def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3,
+                         k: int) -> builtins.list[GraphPath]: ...
     async def query_path(
-        self, user_id: str, a: str, b: str, *, max_depth: int = 3
-    ) -> builtins.list[str]:
-        """How two entities are related (see :meth:`Memory.query_path`)."""
-        return await self._run(partial(self._memory.query_path, user_id, a, b, max_depth=max_depth))
+        self, user_id: str, a: str, b: str, *, max_depth: int = 3, k: int | None = None
+    ) -> builtins.list[str] | builtins.list[GraphPath]:
+        """How two entities are related; with ``k``, the k shortest paths (see
+        :meth:`Memory.query_path`)."""
+        if k is None:
+            return await self._run(partial(self._memory.query_path, user_id, a, b,
+                                           max_depth=max_depth))
+        return await self._run(partial(self._memory.query_path, user_id, a, b,
+                                       max_depth=max_depth, k=k))
 
     async def graph(self, user_id: str, *, as_of: datetime | None = None) -> nx.DiGraph[str]:
         """A copy of the user's entity graph (see :meth:`Memory.graph`)."""

@@ -46,12 +46,18 @@ from pydantic import BaseModel, Field, ValidationError
 from hybridmem import AsyncMemory, HybridMemError, Settings, __version__
 from hybridmem.errors import ConfigError, InvalidInputError
 from hybridmem.models import (
+    MAX_ENTITIES,
     MAX_LIMIT,
+    MAX_PATHS,
+    MAX_RELATIONS,
     Context,
+    Entity,
+    GraphPath,
     Hit,
     Kind,
     MemoryItem,
     MetadataValue,
+    Relation,
     pydantic_message,
     validate_user_id,
 )
@@ -60,8 +66,8 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
-__all__ = ["DEFAULT_PORT", "Forgotten", "Hits", "Memories", "Message", "Pruned", "create_server",
-           "main", "run"]
+__all__ = ["DEFAULT_PORT", "Forgotten", "Hits", "Memories", "Message", "Paths", "Pruned",
+           "create_server", "main", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,12 @@ class Hits(BaseModel):
     """Search results, best first, each with its score breakdown and a one-line ``why``."""
 
     hits: list[Hit]
+
+
+class Paths(BaseModel):
+    """Paths between two entities, shortest first, each with each hop's predicates."""
+
+    paths: list[GraphPath]
 
 
 class Forgotten(BaseModel):
@@ -142,6 +154,14 @@ MinImportance = Annotated[float, Field(
     description="Idle memories below this importance (0 to 1) go.")]
 IdleDays = Annotated[float, Field(
     description="Days without an access (or since creation) that make a memory idle.")]
+Entities = Annotated[list[str | Entity] | None, Field(
+    description=f"Entities you already know the text is about (at most {MAX_ENTITIES}): "
+    'names, or {"name", "type"}. They join the user\'s entity graph.')]
+Relations = Annotated[list[Relation] | None, Field(
+    description=f"Relations you already know (at most {MAX_RELATIONS}): "
+    '{"subject", "predicate", "object"}, e.g. SKU-1 -is_variant_of-> Studio Pro.')]
+Entity_ = Annotated[str, Field(description="An entity's name (or an alias).")]
+PathCount = Annotated[int, Field(description=f"How many paths at most (1 to {MAX_PATHS}).")]
 
 ToolFn = Callable[..., Awaitable[Any]]
 
@@ -165,12 +185,20 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
 
     async def add_memory(user_id: UserId, text: Text, category: Category = "general",
                          importance: Importance = 0.5, metadata: Metadata = None,
-                         kind: MemoryKind = "fact") -> MemoryItem:
+                         kind: MemoryKind = "fact", entities: Entities = None,
+                         relations: Relations = None) -> MemoryItem:
         """Store one memory (a fact about the user, or with kind="procedure" steps that
         worked) and return it; an identical or near-identical fact is merged into the existing
-        memory instead of stored twice."""
+        memory instead of stored twice. Entities and relations you already know join the
+        user's graph with it."""
         return await memory.add(user_id, text, category=category, importance=importance,
-                                metadata=metadata, kind=kind)
+                                metadata=metadata, kind=kind, entities=entities,
+                                relations=relations)
+
+    async def query_path(user_id: UserId, a: Entity_, b: Entity_, k: PathCount = 3) -> Paths:
+        """How two entities are related in the user's graph: the k shortest paths (at most 3
+        hops), shortest first, each with its entities and each hop's predicates."""
+        return Paths(paths=await memory.query_path(user_id, a, b, k=k))
 
     async def add_messages(user_id: UserId, messages: Messages) -> Memories:
         """Store conversation turns ({"role", "content"}) as memories of kind "turn"."""
@@ -230,6 +258,7 @@ def create_server(memory: AsyncMemory, *, user_id: str | None = None) -> MCPServ
     tools: list[tuple[ToolFn, ToolAnnotations]] = [
         (add_memory, writes), (add_messages, writes), (search_memories, reads),
         (build_context, reads), (remember_fact, writes), (list_facts, reads),
+        (query_path, reads),
         (forget, ToolAnnotations(read_only_hint=False, destructive_hint=True,
                                  idempotent_hint=True, open_world_hint=False)),
         (prune_memories, ToolAnnotations(read_only_hint=False, destructive_hint=True,

@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import ValidationError
 
@@ -47,15 +47,19 @@ from hybridmem.filters import all_of, as_of_filter, eq, memory_filter
 from hybridmem.graph.export import check_format, graph_bytes
 from hybridmem.models import (
     MAX_LIMIT,
+    MAX_PATHS,
     AddRequest,
     ChatReply,
     Context,
+    Entity,
     GraphEntity,
+    GraphPath,
     GraphRelation,
     HistoryEvent,
     Hit,
     MemoryItem,
     MemoryStatus,
+    Relation,
     UpdateRequest,
     Usage,
     UserStats,
@@ -98,6 +102,9 @@ MAX_CONTEXT_EPISODES = 2
 MAX_CONTEXT_PROCEDURES = 3
 #: Key facts offered to a context beyond those the search found.
 MAX_CONTEXT_FACTS = 10
+#: The longest path (hops) :meth:`Memory.query_path` looks for; with ``MAX_PATHS`` it bounds the
+#: search's cost on any graph.
+MAX_PATH_DEPTH = 6
 #: Longest key of :meth:`Memory.remember`.
 MAX_KEY_CHARS = 100
 #: Longest idle time :meth:`Memory.prune` takes (a thousand years: the cutoff stays a real date).
@@ -226,12 +233,22 @@ class Memory:
         created_at: datetime | None = None,
         expires_at: datetime | None = None,
         infer: bool = True,
+        entities: Sequence[str | Mapping[str, Any] | Entity] | None = None,
+        relations: Sequence[Sequence[str] | Mapping[str, Any] | Relation] | None = None,
     ) -> MemoryItem:
-        """Store one memory and return it (or the existing identical memory, its count bumped)."""
+        """Store one memory and return it (or the existing identical memory, its count bumped).
+
+        ``entities`` and ``relations`` are what the caller already knows the text is about (a
+        catalogue's products, a CRM's accounts): entities as names or ``{"name", "type"}``,
+        relations as ``(subject, predicate, object)`` or ``{"subject", "predicate", "object"}``.
+        They join the graph as the extractor's findings do, merged with them — the same name
+        resolution, this memory as their evidence — so forget, export and import treat them
+        alike (limits: :class:`~hybridmem.models.Knowledge`)."""
         request = {
             "text": text, "kind": kind, "category": category, "importance": importance,
             "confidence": confidence, "source": source, "metadata": metadata,
             "created_at": created_at, "expires_at": expires_at,
+            "entities": entities, "relations": relations,
         }
         return self.add_many(user_id, [request], infer=infer)[0]
 
@@ -244,7 +261,8 @@ class Memory:
     ) -> builtins.list[MemoryItem]:
         """Store many memories in one batch (one embedding call, one write per store).
 
-        Each item is a text or a dict of :meth:`add`'s fields. Facts equal to a current memory up to
+        Each item is a text or a dict of :meth:`add`'s fields (``entities`` and ``relations``
+        included). Facts equal to a current memory up to
         case, spacing and punctuation, or near-duplicates of one (token Jaccard / cosine above the
         configured bars), are merged into it instead of stored twice; a fact that contradicts an
         older one supersedes it (see :mod:`hybridmem.write.writer`). Conversation turns are never merged.
@@ -635,10 +653,32 @@ class Memory:
         self._check(user_id)
         return self._stores.graph.relations(user_id)
 
-    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
-        """How two entities are related in the user's graph (readable edges), [] when not."""
+    @overload
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3,
+                   k: None = None) -> builtins.list[str]: ...
+    @overload
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3,
+                   k: int) -> builtins.list[GraphPath]: ...
+    def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3,
+                   k: int | None = None) -> builtins.list[str] | builtins.list[GraphPath]:
+        """How two entities are related in the user's graph, ignoring the edges' direction.
+
+        Without ``k``: the shortest path as readable edges ("Alice -bought-> ROG laptop"), []
+        when there is none of at most ``max_depth`` hops. With ``k`` (1 to :data:`MAX_PATHS`):
+        up to ``k`` shortest simple paths, shortest first, each a
+        :class:`~hybridmem.models.GraphPath` with its entities and each hop's predicates.
+        ``max_depth`` is 1 to :data:`MAX_PATH_DEPTH`: the search stays within that many hops of
+        both ends, so its cost does not grow with the graph."""
         self._check(user_id)
-        return self._stores.graph.query_path(user_id, a, b, max_depth=max_depth)
+        if (not isinstance(max_depth, int) or isinstance(max_depth, bool)
+                or not 1 <= max_depth <= MAX_PATH_DEPTH):
+            raise InvalidInputError(
+                f"max_depth must be an integer from 1 to {MAX_PATH_DEPTH}, got {max_depth!r}")
+        if k is None:
+            return self._stores.graph.query_path(user_id, a, b, max_depth=max_depth)
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_PATHS:
+            raise InvalidInputError(f"k must be an integer from 1 to {MAX_PATHS}, got {k!r}")
+        return self._stores.graph.query_paths(user_id, a, b, k=k, max_depth=max_depth)
 
     def graph(self, user_id: str, *, as_of: datetime | None = None) -> nx.DiGraph[str]:
         """A copy of the user's entity graph as a ``networkx.DiGraph`` (changing it changes

@@ -28,6 +28,7 @@ __all__ = [
     "validate_as_of",
     "validate_limit",
     "MAX_LIMIT",
+    "MAX_PATHS",
     "MAX_SAFE_INT",
     "MAX_TEXT_CHARS",
     "AddRequest",
@@ -39,10 +40,15 @@ __all__ = [
     "GRAPH_FORMATS",
     "GraphEntity",
     "GraphFormat",
+    "GraphPath",
     "GraphRelation",
     "HistoryEvent",
     "Hit",
     "Kind",
+    "Knowledge",
+    "MAX_ENTITIES",
+    "MAX_NAME_CHARS",
+    "MAX_RELATIONS",
     "MemoryItem",
     "MemoryStatus",
     "MetadataValue",
@@ -70,6 +76,14 @@ MAX_LIMIT = 1000
 #: Longest user id accepted (characters).
 MAX_USER_ID_CHARS = 256
 MAX_METADATA_KEYS = 64
+#: Most entities, and most relations, a caller may state with one memory.
+MAX_ENTITIES = 50
+MAX_RELATIONS = 50
+#: Longest entity name (and relation end) a caller may state; predicates and types: 100.
+MAX_NAME_CHARS = 200
+MAX_PREDICATE_CHARS = 100
+#: Most paths one ``query_path(..., k=)`` returns.
+MAX_PATHS = 10
 
 #: Largest metadata int magnitude: beyond 2**53 a JSON number (and Chroma) loses precision.
 MAX_SAFE_INT = 2**53
@@ -275,6 +289,9 @@ class MemoryItem(_Model):
     extractor: str | None = None
     key: str | None = None  # set by Memory.remember(): one current value per key
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    #: The entities and relations the caller stated with the memory (kept so that a re-extraction
+    #: or a merge that rewrites the text cannot lose them); None when the caller stated none.
+    knowledge: Knowledge | None = None
 
     @property
     def is_current(self) -> bool:
@@ -354,6 +371,126 @@ class Relation(_Model):
 
     def __repr__(self) -> str:
         return f"Relation({self.subject} -{self.predicate}-> {self.object})"
+
+
+def _caller_name(value: str, what: str, limit: int) -> str:
+    """A name the caller states (an entity, a relation end, a predicate, a type): non-blank, at
+    most ``limit`` characters of valid Unicode, no control or bidi characters — it becomes a node
+    of the graph and is printed in paths and ``why``."""
+    if not value.strip():
+        raise InvalidInputError(f"{what} must not be empty or blank")
+    if len(value) > limit:
+        raise InvalidInputError(f"{what} {value[:40]!r}... is longer than {limit} characters")
+    check_unicode(value, what)
+    if _FORBIDDEN_ID.search(value):
+        raise InvalidInputError(f"{what} {value!r} must not contain control or bidi characters")
+    return value
+
+
+def _as_entity(value: object) -> object:
+    """A bare name stands for ``{"name": name}``."""
+    return {"name": value} if isinstance(value, str) else value
+
+
+def _as_relation(value: object) -> object:
+    """A ``[subject, predicate, object]`` triple stands for the relation it spells."""
+    if isinstance(value, (list, tuple)) and len(value) == 3:
+        return dict(zip(("subject", "predicate", "object"), value))
+    return value
+
+
+def _check_entities(entities: list[Entity]) -> list[Entity]:
+    for e in entities:
+        _caller_name(e.name, "entity name", MAX_NAME_CHARS)
+        _caller_name(e.type, "entity type", MAX_PREDICATE_CHARS)
+    return entities
+
+
+def _check_relations(relations: list[Relation]) -> list[Relation]:
+    for r in relations:
+        _caller_name(r.subject, "relation subject", MAX_NAME_CHARS)
+        _caller_name(r.predicate, "relation predicate", MAX_PREDICATE_CHARS)
+        _caller_name(r.object, "relation object", MAX_NAME_CHARS)
+    return relations
+
+
+#: Entities a caller states: at most :data:`MAX_ENTITIES`, each a name or ``{"name", "type"}``.
+CallerEntities = Annotated[
+    list[Annotated[Entity, BeforeValidator(_as_entity)]],
+    Field(max_length=MAX_ENTITIES), AfterValidator(_check_entities),
+]
+#: Relations a caller states: at most :data:`MAX_RELATIONS`, each ``{"subject", "predicate",
+#: "object"}`` (optionally ``confidence``) or a ``[subject, predicate, object]`` triple.
+CallerRelations = Annotated[
+    list[Annotated[Relation, BeforeValidator(_as_relation)]],
+    Field(max_length=MAX_RELATIONS), AfterValidator(_check_relations),
+]
+
+
+class Knowledge(_Model):
+    """What a caller who already knows the entities (a catalogue, a CRM) states with a memory.
+
+    It joins the graph exactly as an extraction does — the same name resolution, the memory as
+    the evidence — and is merged with what the extractor finds in the text (the caller's types
+    first). Limits: :data:`MAX_ENTITIES` entities and :data:`MAX_RELATIONS` relations, names of
+    at most :data:`MAX_NAME_CHARS` characters, no control or bidi characters."""
+
+    entities: CallerEntities = Field(default_factory=list)
+    relations: CallerRelations = Field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.entities or self.relations)
+
+    def __or__(self, other: Knowledge | None) -> Knowledge:
+        """Both statements, each entity and relation once (the first type given wins). What a
+        memory holds stays within the limits: a union beyond them is refused
+        (:class:`InvalidInputError`), before anything is written."""
+        if not other:
+            return self
+        entities = _unique(self.entities, other.entities, lambda e: e.name)
+        relations = _unique(self.relations, other.relations,
+                            lambda r: (r.subject, r.predicate, r.object))
+        if len(entities) > MAX_ENTITIES or len(relations) > MAX_RELATIONS:
+            raise InvalidInputError(
+                f"the memory this repeats would hold {len(entities)} stated entities and "
+                f"{len(relations)} relations, more than {MAX_ENTITIES} and {MAX_RELATIONS}; "
+                "state the new ones with a memory of their own")
+        return Knowledge(entities=entities, relations=relations)
+
+    def over(self, extraction: Extraction) -> Extraction:
+        """``extraction`` with this knowledge merged in, the caller's statements first (so a new
+        node takes the caller's type)."""
+        if not self:
+            return extraction
+        return extraction.model_copy(update={
+            "entities": [*self.entities, *extraction.entities],
+            "relations": [*self.relations, *extraction.relations],
+        })
+
+
+def _unique(first: Sequence[Any], second: Sequence[Any], key: Any) -> list[Any]:
+    seen: dict[Any, Any] = {}
+    for value in [*first, *second]:
+        seen.setdefault(key(value), value)
+    return list(seen.values())
+
+
+class GraphPath(_Model):
+    """One path between two entities of a user's graph: its entities in order and, per hop, the
+    predicates of the edge (in the edge's own direction, which ``edges`` shows)."""
+
+    entities: list[str]
+    predicates: list[list[str]]
+    edges: list[str]  # "Alice -bought-> ROG laptop", one per hop
+
+    @property
+    def hops(self) -> int:
+        return len(self.edges)
+
+    def __repr__(self) -> str:
+        return f"GraphPath({' | '.join(self.edges)})"
+
+    __str__ = __repr__
 
 
 class GraphEntity(Entity):
@@ -502,6 +639,18 @@ class AddRequest(BaseModel):
     created_at: UtcTime | None = None
     expires_at: UtcTime | None = None
     metadata: Metadata = Field(default_factory=dict)
+    #: What the caller knows the text is about, merged with what the extractor finds (see
+    #: :class:`Knowledge`): entities as names or ``{"name", "type"}``, relations as
+    #: ``{"subject", "predicate", "object"}`` or ``[subject, predicate, object]``.
+    entities: CallerEntities = Field(default_factory=list)
+    relations: CallerRelations = Field(default_factory=list)
+
+    @property
+    def knowledge(self) -> Knowledge | None:
+        """The caller's entities and relations, None when it stated none."""
+        if not (self.entities or self.relations):
+            return None
+        return Knowledge(entities=self.entities, relations=self.relations)
 
 
 class UpdateRequest(BaseModel):

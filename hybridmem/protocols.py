@@ -18,6 +18,7 @@ from hybridmem.filters import Filter
 from hybridmem.models import (
     Extraction,
     GraphEntity,
+    GraphPath,
     GraphRelation,
     HistoryEvent,
     MemoryItem,
@@ -380,6 +381,12 @@ class GraphStore(Protocol):
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> builtins.list[str]:
         """A readable shortest path between two entities (names or aliases), [] when none."""
+        ...
+
+    def query_paths(self, user_id: str, a: str, b: str, *, k: int,
+                    max_depth: int = 3) -> builtins.list[GraphPath]:
+        """At most ``k`` shortest simple paths between two entities (names or aliases),
+        shortest first, each with its hops' predicates; [] when none."""
         ...
 
     def graph(

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"add_memory", "add_messages", "search_memories", "build_context", "remember_fact",
-         "list_facts", "forget", "prune_memories"}
+         "list_facts", "forget", "prune_memories", "query_path"}
 
 
 @pytest.fixture

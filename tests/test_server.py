@@ -346,6 +346,7 @@ ROUTES = {
     "/v1/users/{user_id}/relations": {"get": "relations"},
     "/v1/users/{user_id}/path": {"get": "query_path"},
     "/v1/users/{user_id}/graph": {"get": "graph"},
+    "/v1/users/{user_id}/paths": {"get": "query_paths"},
     "/v1/users/{user_id}/chat": {"post": "chat"},
     "/v1/users/{user_id}/stats": {"get": "stats"},
     "/v1/users/{user_id}/export": {"get": "export"},

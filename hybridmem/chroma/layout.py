@@ -7,7 +7,9 @@ A record: id, document = text, and flat metadata with
 - times as epoch seconds under ``<name>_ts`` (``created_at_ts``, ``invalid_at_ts``, ...),
 - derived fields for filters: ``current`` (not superseded or invalidated), ``has_key``,
   ``text_hash`` (:func:`hybridmem.text.text_hash`) and ``user_id``,
-- the caller's metadata under ``meta.<key>``, so a caller key can never overwrite a system field.
+- the caller's metadata under ``meta.<key>``, so a caller key can never overwrite a system field,
+- the caller's stated entities and relations (:class:`~hybridmem.models.Knowledge`) as one JSON
+  string under ``knowledge``.
 
 Absent means None: Chroma stores no None values. Chroma *merges* metadata on ``upsert`` and
 ``update`` (a key left out keeps its old value), so writes send None for every field that is None
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from hybridmem.errors import CorruptStateError, InvalidInputError
 from hybridmem.filters import AllOf, AnyOf, Condition, Filter, Scalar
-from hybridmem.models import MemoryItem
+from hybridmem.models import Knowledge, MemoryItem
 from hybridmem.text import text_hash
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ def to_record(item: MemoryItem) -> Record:
     meta["has_key"] = item.key is not None
     meta["text_hash"] = text_hash(item.text)
     meta["user_id"] = item.user_id
+    meta["knowledge"] = item.knowledge.model_dump_json() if item.knowledge else None
     for key, val in item.metadata.items():
         meta[META_PREFIX + key] = val
     return meta
@@ -89,6 +92,8 @@ def to_item(user_id: str, id_: str, text: str | None, meta: Mapping[str, Any] | 
     fields["metadata"] = {k[len(META_PREFIX):]: v for k, v in m.items()
                           if k.startswith(META_PREFIX)}
     try:
+        if isinstance(m.get("knowledge"), str):
+            fields["knowledge"] = Knowledge.model_validate_json(m["knowledge"])
         return MemoryItem(id=id_, user_id=str(m.get("user_id", user_id)), text=text or "",
                           **fields)
     except ValueError as exc:  # pydantic's ValidationError

@@ -6,7 +6,8 @@ Memory the same way (:func:`_memory`: settings from the environment, ``--data-di
 
 - the everyday verbs: demo, add, remember, import, list, facts, search, context, chat, forget,
   prune, export, stats, serve, reextract, mcp;
-- ``graph export``: a user's entity graph as node-link JSON, GraphML or GEXF;
+- ``graph export``: a user's entity graph as node-link JSON, GraphML or GEXF; ``graph path``: the
+  k shortest paths between two entities;
 - the operator's commands, over every user of a data dir (or one): backup, restore, reembed, purge.
 
 Reading an import file is :mod:`hybridmem.cli.importfile`'s.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import sys
 import tempfile
 import time
@@ -34,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem import HybridMemError, Hit, MemoryItem, Settings, __version__
+from hybridmem.models import MAX_PATHS
 from hybridmem.cli.importfile import ImportFileError, batches, read_bundle, read_rows
 
 if TYPE_CHECKING:  # imported when a command runs, so --help never loads the stores' modules
@@ -260,6 +263,17 @@ def demo(
             out.print(ctx.text, highlight=False, markup=False)
 
 
+#: ``--relation "SUBJECT -PREDICATE-> OBJECT"``: the way relations are printed.
+_RELATION = re.compile(r"^\s*(.+?)\s+-(\S+)->\s+(.+?)\s*$")
+
+
+def _relation(spec: str) -> tuple[str, str, str]:
+    found = _RELATION.match(spec)
+    if found is None:
+        raise _fail(f"--relation {spec!r}: write it as 'SUBJECT -PREDICATE-> OBJECT'", code=2)
+    return found.group(1), found.group(2), found.group(3)
+
+
 @app.command()
 def add(
     user_id: str,
@@ -267,12 +281,18 @@ def add(
     category: str = typer.Option("general", help="Category of the memory."),
     importance: float = typer.Option(0.5, min=0.0, max=1.0),
     kind: str = typer.Option("fact", help="fact, turn, summary or procedure (how-to steps)."),
+    entity: list[str] = typer.Option([], "--entity", help="An entity the text is about "
+                                     "(repeat it for more); joins the graph."),
+    relation: list[str] = typer.Option([], "--relation", help="A known relation, "
+                                       "'SUBJECT -PREDICATE-> OBJECT' (repeat it for more)."),
     data_dir: Optional[Path] = DataDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Store one memory; prints its id."""
+    relations = [_relation(r) for r in relation]
     with _memory(data_dir) as mem:
-        item = mem.add(user_id, text, category=category, importance=importance, kind=kind)
+        item = mem.add(user_id, text, category=category, importance=importance, kind=kind,
+                       entities=entity or None, relations=relations or None)
         print(item.model_dump_json() if as_json else item.id)
 
 
@@ -567,6 +587,30 @@ def graph_export(
         tmp = output.with_name(f".{output.name}.tmp")
         tmp.write_bytes(raw)
         tmp.replace(output)
+
+
+@graph_app.command(name="path")
+def graph_path(
+    user_id: str,
+    a: str,
+    b: str,
+    k: int = typer.Option(1, "-k", min=1, max=MAX_PATHS, help="How many paths at most."),
+    max_depth: int = typer.Option(3, "--max-depth", min=1, help="Longest path, in hops."),
+    data_dir: Optional[Path] = DataDirOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """The k shortest paths between two entities, shortest first, one per line (ignoring the
+    edges' direction, which each edge shows); nothing when there is none."""
+    with _memory(data_dir) as mem:
+        try:
+            paths = mem.query_path(user_id, a, b, k=k, max_depth=max_depth)
+        except HybridMemError as exc:
+            raise _fail(str(exc), code=2) from None
+    if as_json:
+        print(json.dumps([p.model_dump(mode="json") for p in paths], indent=2))
+        return
+    for path in paths:
+        print(" | ".join(path.edges))
 
 
 def _is_loopback(host: str) -> bool:

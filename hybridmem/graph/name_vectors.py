@@ -44,7 +44,7 @@ import numpy as np
 
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.sqlite.base import PerUserSqlite
-from hybridmem.models import Extraction, GraphEntity, GraphRelation
+from hybridmem.models import Extraction, GraphEntity, GraphPath, GraphRelation
 from hybridmem.protocols import GraphStore, Pingable
 
 __all__ = ["FILE_NAME", "FILL_BATCH", "FIRST_ROWS", "NAME_VECTORS", "NameStore", "NameVectors",
@@ -543,6 +543,10 @@ class NamedGraph:
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
         return self.inner.query_path(user_id, a, b, max_depth=max_depth)
+
+    def query_paths(self, user_id: str, a: str, b: str, *, k: int,
+                    max_depth: int = 3) -> list[GraphPath]:
+        return self.inner.query_paths(user_id, a, b, k=k, max_depth=max_depth)
 
     def export(self, user_id: str) -> dict[str, Any]:
         return self.inner.export(user_id)

@@ -68,7 +68,7 @@ from hybridmem.graph.fileformat import (
     truncate,
 )
 from hybridmem.graph.state import LOG_FILE, Links, UserGraph, edge_label, stamp_of
-from hybridmem.models import Extraction, GraphEntity, GraphRelation, as_utc, utcnow
+from hybridmem.models import Extraction, GraphEntity, GraphPath, GraphRelation, as_utc, utcnow
 from hybridmem.runtime.files import (
     atomic_write_bytes,
     check_users_dir,
@@ -532,21 +532,49 @@ class NetworkXGraphStore:
 
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
         """The shortest relation path between two entities, ignoring direction, as readable edges
-        ("Alice -bought-> ROG laptop"); [] when either is unknown or no path is short enough."""
+        ("Alice -bought-> ROG laptop"); [] when either is unknown or no path is short enough.
+        Among equally short paths, the same one whatever the hash seed (see :meth:`query_paths`)."""
+        found = self.query_paths(user_id, a, b, k=1, max_depth=max_depth)
+        return found[0].edges if found else []
+
+    def query_paths(self, user_id: str, a: str, b: str, *, k: int,
+                    max_depth: int = 3) -> list[GraphPath]:
+        """At most ``k`` shortest simple paths between two entities, ignoring direction, shortest
+        first, each with its hops' predicates; [] when either is unknown or no path has at most
+        ``max_depth`` hops.
+
+        Bounded: the paths are searched (:func:`networkx.shortest_simple_paths`) only among the
+        nodes within ``max_depth`` hops of both ends together — exactly the nodes such a path can
+        pass through — so the cost follows that neighbourhood and ``k``, not the graph's size."""
         with self._locked(user_id):
             st = self._state(user_id)
             g = st.graph
             src, dst = st.resolve(a), st.resolve(b)
             if src is None or dst is None or src == dst:
                 return []
-            paths = nx.single_source_shortest_path(
-                g.to_undirected(as_view=True), src, cutoff=max_depth
-            )
-            nodes = paths.get(dst, [])
-            return [
-                edge_label(g, u, v) if g.has_edge(u, v) else edge_label(g, v, u)
-                for u, v in pairwise(nodes)
-            ]
+            both = g.to_undirected(as_view=True)
+            from_a = nx.single_source_shortest_path_length(both, src, cutoff=max_depth)
+            if dst not in from_a:
+                return []
+            from_b = nx.single_source_shortest_path_length(both, dst, cutoff=max_depth)
+            near = sorted(n for n, d in from_a.items() if n in from_b and d + from_b[n] <= max_depth)
+            # built in key order: networkx's undirected view iterates a set of neighbours, whose
+            # order (so the choice among equally short paths) would change with the hash seed
+            area: nx.Graph[str] = nx.Graph()
+            area.add_nodes_from(near)
+            kept = set(near)
+            area.add_edges_from((n, m) for n in near for m in sorted(both[n]) if m in kept)
+            paths: list[GraphPath] = []
+            for nodes in nx.shortest_simple_paths(area, src, dst):
+                if len(paths) >= k or len(nodes) - 1 > max_depth:
+                    break
+                hops = [(u, v) if g.has_edge(u, v) else (v, u) for u, v in pairwise(nodes)]
+                paths.append(GraphPath(
+                    entities=[g.nodes[n]["name"] for n in nodes],
+                    predicates=[list(g.edges[e]["predicates"]) for e in hops],
+                    edges=[edge_label(g, *e) for e in hops],
+                ))
+            return paths
 
     def export(self, user_id: str) -> dict[str, Any]:
         """The user's graph as JSON-safe ``{"schema": 1, "graph": node-link}``."""

@@ -36,6 +36,7 @@ from hybridmem.models import (
     Entity,
     Extraction,
     GraphEntity,
+    GraphPath,
     GraphRelation,
     Relation,
     as_utc,
@@ -285,6 +286,11 @@ class ChromaGraphStore(ServerCache):
     def query_path(self, user_id: str, a: str, b: str, *, max_depth: int = 3) -> list[str]:
         with self._sync(user_id).lock:
             return self._cache.query_path(user_id, a, b, max_depth=max_depth)
+
+    def query_paths(self, user_id: str, a: str, b: str, *, k: int,
+                    max_depth: int = 3) -> list[GraphPath]:
+        with self._sync(user_id).lock:
+            return self._cache.query_paths(user_id, a, b, k=k, max_depth=max_depth)
 
     def export(self, user_id: str) -> dict[str, Any]:
         with self._sync(user_id).lock:

@@ -68,11 +68,13 @@ from hybridmem.errors import ConfigError, HybridMemError
 from hybridmem.models import (
     GRAPH_FORMATS,
     MAX_LIMIT,
+    MAX_PATHS,
     AddRequest,
     ChatReply,
     Context,
     GraphEntity,
     GraphFormat,
+    GraphPath,
     GraphRelation,
     HistoryEvent,
     Hit,
@@ -491,6 +493,18 @@ def create_app(
         :meth:`Memory.export_graph`), written by NetworkX's own writers."""
         raw = await memory.export_graph(user_id, format=fmt, as_of=as_of)
         return Response(raw, media_type=GRAPH_FORMATS[fmt])
+
+    @v1.get("/paths", tags=["graph"])
+    async def query_paths(
+        user_id: str,
+        a: Annotated[str, Query(min_length=1, max_length=500, description="An entity.")],
+        b: Annotated[str, Query(min_length=1, max_length=500, description="Another entity.")],
+        k: int = Query(3, ge=1, le=MAX_PATHS, description="How many paths at most."),
+        max_depth: int = Query(3, ge=1, le=MAX_PATH_DEPTH),
+    ) -> list[GraphPath]:
+        """The ``k`` shortest paths between two entities, shortest first, each with its
+        entities and each hop's predicates; [] if none."""
+        return await memory.query_path(user_id, a, b, max_depth=max_depth, k=k)
 
     # -- chat
     @v1.post(

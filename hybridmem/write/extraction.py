@@ -124,8 +124,10 @@ def store_reextracted(stores: Stores, user_id: str,
     # links=False: the memories redone come from many conversations, not one; each loses
     # its place in its own episode (remove_memory unlinks it), which costs the graph an
     # episodic edge, never a wrong one
-    stores.graph.add_extractions(
-        user_id, [(i.id, f) for i, (_, f) in zip(items, kept)], links=False)
+    # what the caller stated with a memory stays beside what the model found in it
+    stores.graph.add_extractions(user_id, [
+        (i.id, i.knowledge.over(f) if i.knowledge else f) for i, (_, f) in zip(items, kept)
+    ], links=False)
     stores.vectors.update(user_id, items)
     stores.history.record(user_id, [
         HistoryEvent(memory_id=i.id, action="update", cause=f"re-extracted with {i.extractor}")

@@ -62,6 +62,8 @@ class Intent(BaseModel):
     written: list[MemoryItem] = Field(default_factory=list)  # upserted with new vectors
     rewritten: list[str] = Field(default_factory=list)  # of ``written``: stored ones, new text
     erase: bool = False  # rewritten texts were the caller's to erase
+    #: graph evidence of ``written`` (extracted, and stated by the caller), and of the
+    #: ``updated`` that gained caller knowledge
     extractions: dict[str, Extraction] = Field(default_factory=dict)
     updated: list[MemoryItem] = Field(default_factory=list)  # fields only
     superseded: list[str] = Field(default_factory=list)
@@ -178,6 +180,10 @@ def apply(stores: Stores, intent: Intent) -> None:
         )
     if intent.updated:
         s.vectors.update(user_id, intent.updated)
+        stated = [(i.id, intent.extractions[i.id]) for i in intent.updated
+                  if i.id in intent.extractions]
+        if stated:  # caller knowledge a repeat of the memory brought (see WritePlan.stated)
+            s.graph.add_extractions(user_id, stated, links=False)
     if intent.superseded:
         s.graph.remove_memory(user_id, intent.superseded)
     if intent.deleted:

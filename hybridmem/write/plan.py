@@ -50,7 +50,8 @@ class WritePlan:
     ``fresh``: new memory ids, in input order; ``rewritten``: stored memories whose text changed
     (re-embedded and re-indexed); ``touched``: stored memories whose fields changed only;
     ``merged_into``: fresh id -> the memory it was folded into; ``superseded``: memories that
-    stop being current."""
+    stop being current. ``extractions`` holds the graph evidence of the written memories, and of
+    touched ones that gained caller knowledge (:meth:`stated`)."""
 
     items: dict[str, MemoryItem] = field(default_factory=dict)
     fresh: list[str] = field(default_factory=list)
@@ -103,6 +104,13 @@ class WritePlan:
         self.items[item.id] = item
         self.extractions[item.id] = extraction
 
+    def stated(self, before: MemoryItem, after: MemoryItem) -> None:
+        """A memory whose text stays gained what a caller stated with a repeat of it: that
+        knowledge joins the graph with the memory's evidence (a fresh memory's extraction
+        covers it anyway)."""
+        if after.knowledge and after.knowledge != before.knowledge and after.id not in self.fresh:
+            self.extractions[after.id] = after.knowledge.over(Extraction(extractor="caller"))
+
     def merge(self, new: MemoryItem, into: MemoryItem, now: datetime, *, cosine: float) -> None:
         """Fold the fresh ``new`` into ``into`` (see :func:`policy.merged`)."""
         result = policy.merged(into, new, now)
@@ -116,6 +124,7 @@ class WritePlan:
                     self.touched.remove(into.id)
         else:
             self.touch(result)
+            self.stated(into, result)
         self.events.append(HistoryEvent(
             memory_id=into.id, action="merge", cause=f"near duplicate (cosine {cosine:.2f})",
             text=new.text,
@@ -195,7 +204,7 @@ def new_item(user_id: str, r: AddRequest, now: datetime, *, key: str | None) -> 
         id=new_id(), user_id=user_id, text=r.text, kind=r.kind, category=r.category,
         importance=r.importance, confidence=r.confidence, source=r.source, created_at=created,
         updated_at=created, valid_from=created, expires_at=r.expires_at, metadata=r.metadata,
-        key=key,
+        key=key, knowledge=r.knowledge,
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from hybridmem.models import AddRequest, MemoryItem, MetadataValue, Relation
+from hybridmem.models import AddRequest, Knowledge, MemoryItem, MetadataValue, Relation
 from hybridmem.read.ranking import last_written
 from hybridmem.prompts import JUDGE_PROMPT as JUDGE_PROMPT  # re-exported: the writer reads it here
 from hybridmem.text import content_words, entity_key
@@ -31,6 +31,7 @@ __all__ = [
     "doomed",
     "functional",
     "jaccard",
+    "knowledge_of",
     "merge_metadata",
     "merged",
     "near_duplicate",
@@ -139,6 +140,7 @@ def bumped(base: MemoryItem, request: AddRequest, now: datetime) -> MemoryItem:
                                    request.source),
         "importance": max(base.importance, request.importance),
         "metadata": merge_metadata(base.metadata, request.metadata),
+        "knowledge": knowledge_of(base.knowledge, request.knowledge),
         "updated_at": now,
     })
 
@@ -152,8 +154,15 @@ def merged(into: MemoryItem, new: MemoryItem, now: datetime) -> MemoryItem:
         "confidence": corroborated(into.confidence, into.source, new.confidence, new.source),
         "importance": max(into.importance, new.importance),
         "metadata": merge_metadata(into.metadata, new.metadata),
+        "knowledge": knowledge_of(into.knowledge, new.knowledge),
         "updated_at": now,
     })
+
+
+def knowledge_of(first: Knowledge | None, second: Knowledge | None) -> Knowledge | None:
+    """What the caller stated about two memories that become one: both statements, each
+    entity and relation once."""
+    return first | second if first else (second or None)
 
 
 def doomed(

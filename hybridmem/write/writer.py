@@ -235,7 +235,8 @@ class Writer:
         self._run(Intent(
             user_id=user_id, written=[plan.items[i] for i in writes], rewritten=plan.rewritten,
             erase=plan.erase,
-            extractions={i: plan.extractions[i] for i in writes if i in plan.extractions},
+            extractions={i: plan.extractions[i] for i in [*writes, *plan.updated]
+                         if i in plan.extractions},
             updated=[plan.items[i] for i in plan.updated], superseded=plan.superseded,
             events=added + plan.events,
         ), [plan.vectors[i] for i in writes])
@@ -299,8 +300,10 @@ class Writer:
                 target = by_hash.get(h) or (existing[h].id if h in existing else None)
             if target is not None:
                 base = plan.items.get(target) or existing[h]
-                plan.touch(policy.bumped(base, r, now), HistoryEvent(
+                bumped = policy.bumped(base, r, now)
+                plan.touch(bumped, HistoryEvent(
                     memory_id=target, action="merge", cause="identical text"))
+                plan.stated(base, bumped)
                 order.append(target)
                 continue
             # items of one batch keep their order: each gets its own microsecond
@@ -432,14 +435,16 @@ class Writer:
         return policy.parse_verdict(result.text)
 
     def _extract_into(self, p: Prepared, plan: WritePlan, on_missing: OnMissing) -> None:
-        """Attach the extraction of every written text (see :meth:`_found_for`)."""
+        """Attach the extraction of every written text (see :meth:`_found_for`), with what the
+        caller stated about it (:attr:`~hybridmem.models.MemoryItem.knowledge`) merged in."""
         items = [plan.items[i] for i in plan.written]
         keys = [(i.text, speaker(p.user_id, i.source)) for i in items]
         self._found_for(p, keys, on_missing)
         for item, k in zip(items, keys):
             f = p.found[k]
+            found = item.knowledge.over(f.extraction) if item.knowledge else f.extraction
             plan.extracted(item.model_copy(update={
-                "extractor": f.extractor, "needs_extraction": f.needs_extraction}), f.extraction)
+                "extractor": f.extractor, "needs_extraction": f.needs_extraction}), found)
 
     def _found_for(self, p: Prepared, keys: Sequence[Key], on_missing: OnMissing) -> None:
         """Extract the texts ``p`` has no extraction for: under ``CALL`` with the extractor (a
