@@ -97,6 +97,22 @@ def test_errors_are_one_line_with_exit_codes(cli: CliRunner, monkeypatch: pytest
     assert "invalid setting" in output and "candidates" in output
 
 
+def test_ids_with_a_lone_surrogate_exit_1_as_invalid(cli: CliRunner, tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 in argv reach Python as lone surrogates (surrogateescape)."""
+    kept = run(cli, "add", "dave", "Dave owns a kayak").strip()
+    assert run(cli, "stats", "a\udcff", code=1) == (
+        "error: user_id is not valid Unicode (it holds a lone surrogate)\n")
+    assert run(cli, "forget", "dave", "ab\udcff", code=1) == (
+        "error: memory_id is not valid Unicode (it holds a lone surrogate)\n")
+    real = subprocess.run(
+        [sys.executable, "-m", "hybridmem.cli", "forget", "dave", b"ab\xff"], check=False,
+        capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (real.returncode, real.stderr) == (
+        1, b"error: memory_id is not valid Unicode (it holds a lone surrogate)\n")
+    with Memory(Settings()) as mem:
+        assert [i.id for i in mem.list("dave")] == [kept]
+
+
 def test_serve_refuses_a_public_interface_without_a_key(cli: CliRunner) -> None:
     output = run(cli, "serve", "--host", "0.0.0.0", code=2)
     assert "refusing to serve" in output

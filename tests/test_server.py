@@ -273,6 +273,24 @@ def test_bad_user_ids_are_422_by_class(client: httpx.Client, user: str) -> None:
         assert response.json()["error"]["type"] == "InvalidUserIdError"
 
 
+def test_ids_that_are_not_utf8_are_422_by_class(client: httpx.Client, unique_user: str) -> None:
+    """A lone surrogate percent-encoded (%ED%A0%80 is U+D800 in UTF-8's form) reaches the
+    service as U+FFFD: refused as a bad id of the right class, never a 500."""
+    lone = "%ED%A0%80"
+    client.post(memories(unique_user), json={"text": "already here"})
+    for response, kind in (
+        (client.get(f"/v1/users/a{lone}/memories"), "InvalidUserIdError"),
+        (client.get(f"/v1/users/{lone}/history"), "InvalidUserIdError"),
+        (client.get(f"{memories(unique_user)}/ab{lone}"), "InvalidInputError"),
+        (client.delete(f"{memories(unique_user)}/ab{lone}"), "InvalidInputError"),
+        (client.patch(f"{memories(unique_user)}/{lone}", json={"text": "x"}), "InvalidInputError"),
+        (client.get(f"/v1/users/{unique_user}/history?memory_id=ab{lone}"), "InvalidInputError"),
+    ):
+        assert (response.status_code, response.json()["error"]["type"]) == (422, kind), \
+            response.request.url
+    assert [m["text"] for m in client.get(memories(unique_user)).json()] == ["already here"]
+
+
 def test_unknown_memory_is_404(client: httpx.Client, unique_user: str) -> None:
     url = f"{memories(unique_user)}/0123456789abcdef"
     for response in (client.get(url), client.patch(url, json={"importance": 0.1}),
