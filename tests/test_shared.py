@@ -277,9 +277,10 @@ def test_memory_add_search_update_forget(make_mem: Any, unique_user: str) -> Non
     item = mem.add(unique_user, "Bought a ROG Strix laptop for $1,899", category="purchase")
     mem.add_many(unique_user, ["I live in Lyon", "I hate loud keyboards"])
     hits = mem.search(unique_user, "which laptop did I purchase?", limit=2)
-    assert hits[0].item.id == item.id and hits[0].breakdown.lexical is not None
+    assert hits[0].item.id == item.id and hits[0].breakdown.lexical_rank == 1  # "laptop"
     mem.update(unique_user, item.id, text="Bought a Zephyrus laptop for $1,999")
-    assert mem.search(unique_user, "Zephyrus", limit=1)[0].breakdown.lexical is not None
+    (edited,) = mem.search(unique_user, "Zephyrus", limit=1)
+    assert edited.item.id == item.id and edited.breakdown.lexical_rank == 1
     assert mem.forget(unique_user, item.id) == 1
     assert all(h.item.id != item.id for h in mem.search(unique_user, "Zephyrus laptop"))
     assert mem.forget(unique_user) == 2 and mem.count(unique_user) == 0
