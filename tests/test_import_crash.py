@@ -164,7 +164,7 @@ def test_a_first_import_killed_at_random_is_all_or_nothing(
     path = tmp_path / "bundle.json"
     path.write_text(json.dumps(bundle))
     with Memory(_settings(tmp_path / "timing", chroma_url)) as mem:
-        started = time.monotonic()  # one import, timed on this machine now
+        started = time.monotonic()  # one import, timed on this machine
         mem.import_(unique_user + "-timing", bundle)
         took = time.monotonic() - started
     seen = set()
