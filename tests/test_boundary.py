@@ -66,7 +66,8 @@ _SURROGATE_ID = st.builds(
 )
 _MEMORY_ID_CALLS = ["get", "forget", "update", "history"]
 _USER_ID_CALLS = ["add", "search", "list", "count", "get", "forget", "history", "stats",
-                  "export", "entities", "relations", "facts", "context", "graph"]
+                  "export", "entities", "relations", "facts", "context", "graph", "prune",
+                  "refresh", "summarize", "reextract", "remember", "add_messages", "query_path"]
 
 
 def _call_with_ids(mem: Memory, call: str, user_id: str, memory_id: str) -> object:
@@ -77,6 +78,12 @@ def _call_with_ids(mem: Memory, call: str, user_id: str, memory_id: str) -> obje
         return getattr(mem, call)(user_id, memory_id)
     if call == "update":
         return mem.update(user_id, memory_id, text="new")
+    if call == "remember":
+        return mem.remember(user_id, "city", "Lyon")
+    if call == "add_messages":
+        return mem.add_messages(user_id, [{"role": "user", "content": "hello"}])
+    if call == "query_path":
+        return mem.query_path(user_id, "laptops", "memory")
     return getattr(mem, call)(user_id)
 
 
@@ -89,7 +96,7 @@ def test_memory_ids_with_a_lone_surrogate_are_invalid_input(mem: Memory, call: s
     assert [e.action for e in mem.history("u")] == ["add"]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=80, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=_SURROGATE_ID, call=st.sampled_from(_MEMORY_ID_CALLS + _USER_ID_CALLS),
        which=st.sampled_from(["memory_id", "user_id"]))
