@@ -144,7 +144,7 @@ def test_graph_reaches_a_memory_without_shared_words(mem: Memory) -> None:
     ])
     hits = mem.search("bob", "has the computer I connect to my CalDigit TS4 given me trouble?", limit=4)
     wifi = next(h for h in hits if "Wi-Fi" in h.item.text)
-    assert wifi.breakdown.graph_hops is not None and "graph" in wifi.why
+    assert wifi.breakdown.graph_hops == 0 and "graph: said just after hit 1" in wifi.why
 
 
 def test_context_respects_budget_and_explains(mem: Memory) -> None:
