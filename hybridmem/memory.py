@@ -528,6 +528,8 @@ class Memory:
         """What happened to the user's memories (add, merge, update, supersede, expire, delete),
         oldest first; one memory's events when ``memory_id`` is given."""
         self._check(user_id)
+        if memory_id is not None:
+            validate_memory_id(memory_id)
         return self._stores.history.list(user_id, memory_id)
 
     def search(

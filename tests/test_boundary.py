@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from hybridmem import Memory, Settings
-from hybridmem.errors import HybridMemError, InvalidInputError, InvalidUserIdError
+from hybridmem.errors import HybridMemError, InvalidInputError, InvalidUserIdError, NotFoundError
 from hybridmem.models import MAX_SAFE_INT, is_valid_unicode
 from hybridmem.offline import LocalEmbedder
 
@@ -58,15 +58,59 @@ def test_bad_input_is_a_typed_error_and_stores_nothing(mem: Memory, call: str,
     assert mem.count("u") == 1
 
 
-@pytest.mark.parametrize("call", ["get", "forget", "update"])
+_SURROGATE_ID = st.builds(
+    lambda head, lone, tail: head + lone + tail,
+    st.text(alphabet="abcdef0123456789", max_size=20),
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+    st.text(alphabet="abcdef0123456789", max_size=20),
+)
+_MEMORY_ID_CALLS = ["get", "forget", "update", "history"]
+_USER_ID_CALLS = ["add", "search", "list", "count", "get", "forget", "history", "stats",
+                  "export", "entities", "relations", "facts", "context", "graph", "prune",
+                  "refresh", "summarize", "reextract", "remember", "add_messages", "query_path"]
+
+
+def _call_with_ids(mem: Memory, call: str, user_id: str, memory_id: str) -> object:
+    """Call ``call`` with the ids and the least other arguments it takes."""
+    if call in ("add", "search", "context"):
+        return getattr(mem, call)(user_id, "laptop")
+    if call in ("get", "forget", "history"):
+        return getattr(mem, call)(user_id, memory_id)
+    if call == "update":
+        return mem.update(user_id, memory_id, text="new")
+    if call == "remember":
+        return mem.remember(user_id, "city", "Lyon")
+    if call == "add_messages":
+        return mem.add_messages(user_id, [{"role": "user", "content": "hello"}])
+    if call == "query_path":
+        return mem.query_path(user_id, "laptops", "memory")
+    return getattr(mem, call)(user_id)
+
+
+@pytest.mark.parametrize("call", _MEMORY_ID_CALLS)
 def test_memory_ids_with_a_lone_surrogate_are_invalid_input(mem: Memory, call: str) -> None:
-    mem.add("u", "already here")
-    kwargs = {"text": "new"} if call == "update" else {}
-    try:
-        getattr(mem, call)("u", "\ud800", **kwargs)
-    except HybridMemError as exc:
-        assert isinstance(exc, InvalidInputError), repr(exc)
-    assert mem.count("u") == 1
+    item = mem.add("u", "already here")
+    with pytest.raises(InvalidInputError, match="memory_id is not valid Unicode"):
+        _call_with_ids(mem, call, "u", "\ud800")
+    assert [i.id for i in mem.list("u")] == [item.id]
+    assert [e.action for e in mem.history("u")] == ["add"]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bad=_SURROGATE_ID, call=st.sampled_from(_MEMORY_ID_CALLS + _USER_ID_CALLS),
+       which=st.sampled_from(["memory_id", "user_id"]))
+def test_a_lone_surrogate_anywhere_in_an_id_is_invalid_input(
+    fuzz_mem: Memory, bad: str, call: str, which: str
+) -> None:
+    if which == "memory_id" and call not in _MEMORY_ID_CALLS:
+        which = "user_id"
+    expected = InvalidUserIdError if which == "user_id" else InvalidInputError
+    before = _state(fuzz_mem, "fuzz")
+    with pytest.raises(expected, match=f"{which} is not valid Unicode"):
+        _call_with_ids(fuzz_mem, call, bad if which == "user_id" else "fuzz",
+                       bad if which == "memory_id" else "0" * 32)
+    assert _state(fuzz_mem, "fuzz") == before
 
 
 def test_metadata_ints_up_to_2_53_round_trip(mem: Memory) -> None:
@@ -148,8 +192,9 @@ def test_a_bad_bundle_is_refused_whole(mem: Memory, bundle: dict[str, Any], how:
     with pytest.raises(InvalidInputError):
         mem.import_("dst", broken)
     assert _state(mem, "dst") == before
-    mem.add("dst", "Dst lives in Oslo")  # the user still works
-    assert mem.search("dst", "Oslo") and mem.context("dst", "Oslo").text
+    oslo = mem.add("dst", "Dst lives in Oslo")  # the user still works
+    assert mem.search("dst", "Oslo")[0].item.id == oslo.id
+    assert "] Dst lives in Oslo\n" in mem.context("dst", "Oslo").text
 
 
 def test_an_import_keeps_history_and_adds_one_import_event(mem: Memory,
@@ -290,5 +335,5 @@ def test_the_api_refuses_only_with_typed_errors_and_half_stores_nothing(
         method(**kwargs)
     except HybridMemError as exc:
         assert type(exc).__module__ == "hybridmem.errors"
-        assert exc.status_code in (404, 422), exc  # client input: never a 5xx
+        assert exc.status_code == (404 if isinstance(exc, NotFoundError) else 422), exc
         assert fuzz_mem.count("fuzz") == before  # refused: nothing stored, nothing lost

@@ -11,7 +11,7 @@ import pytest
 
 from hybridmem import BackendAuthError, Memory
 from hybridmem.offline import LocalEmbedder
-from openai_wire import OpenAIWireServer, Reply
+from openai_wire import OpenAIWireServer, Reply, count_tokens
 
 
 @pytest.fixture()
@@ -36,8 +36,9 @@ def test_chat_sends_context_and_key_and_stores_the_exchange(
     llm_mem.add("client_9", "I bought the ROG laptop last spring.", infer=False)
     openai_server.script(Reply.text("Try the Dell 4K monitor."))
     reply = llm_mem.chat("client_9", "Which monitor fits my laptop?")
-    assert reply.text == "Try the Dell 4K monitor." and reply.model
-    assert reply.usage.total_tokens > 0
+    assert (reply.text, reply.model) == ("Try the Dell 4K monitor.", "test-model")
+    assert reply.usage.completion_tokens == 6  # Try the Dell 4K monitor . (the server's count)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 6
     assert "ROG laptop" in reply.context.text
     chat = [r for r in openai_server.requests_to("chat") if r.body.get("model") == "test-model"]
     sent = chat[0]
@@ -71,11 +72,11 @@ def test_llm_extraction_feeds_the_graph_with_usage(
 ) -> None:
     openai_server.script(Reply.text(json.dumps(EXTRACTION)))
     item = llm_mem.add("client_9", "I bought a ROG laptop")
-    assert item.extractor and item.extractor.startswith("llm") and not item.needs_extraction
+    assert (item.extractor, item.needs_extraction) == ("llm:test-model", False)
     assert llm_mem.query_path("client_9", "client_9", "ROG laptop") == [
         "client_9 -bought-> ROG laptop"]
-    assert llm_mem.usage.total_tokens > 0
     assert len(openai_server.requests_to("chat")) == 1  # exactly one call per memory
+    assert llm_mem.usage.completion_tokens == count_tokens(json.dumps(EXTRACTION))
 
 
 def test_infer_false_never_calls_the_model(llm_mem: Memory, openai_server: OpenAIWireServer) -> None:

@@ -41,18 +41,25 @@ def test_add_search_context_stats_json(cli: CliRunner) -> None:
     assert len(memory_id.strip()) == 32
     item = json.loads(run(cli, "add", "client_1", "The Dell 4K monitor complements the ROG laptop.",
                           "--json"))
-    assert item["text"].startswith("The Dell 4K monitor") and item["user_id"] == "client_1"
+    assert (item["text"], item["user_id"]) == (
+        "The Dell 4K monitor complements the ROG laptop.", "client_1")
     hits = json.loads(run(cli, "search", "client_1", "which laptop did I buy?", "--json"))
     assert hits[0]["item"]["id"] == memory_id.strip()
     ctx = json.loads(run(cli, "context", "client_1", "laptop", "--max-tokens", "80", "--json"))
-    assert 0 < ctx["tokens"] <= 80 and "ROG laptop" in ctx["text"]
+    day = item["created_at"][:10]
+    assert (ctx["tokens"], ctx["text"]) == (64, (
+        "<memory>\nRelations:\n- client_1 -bought-> ROG laptop\n"
+        f"Memories (most relevant first):\n- [{day}] I bought the ROG laptop.\n"
+        f"- [{day}] The Dell 4K monitor complements the ROG laptop.\n</memory>"))
     stats = json.loads(run(cli, "stats", "client_1", "--json"))
     with Memory(Settings()) as mem:  # the same data dir and embedder, through the library
         entities, relations = mem.entities("client_1"), mem.relations("client_1")
     assert stats == {"user_id": "client_1", "memories": 2, "current": 2,
                      "entities": len(entities), "relations": len(relations),
                      "purge_pending": False}
-    assert stats["entities"] >= 3 and stats["relations"] >= 2  # client_1, ROG laptop, monitor
+    assert [e.key for e in entities] == ["client_1", "dell 4k monitor", "rog laptop"]
+    assert [str(r) for r in relations] == ["client_1 -bought-> ROG laptop",
+                                          "Dell 4K monitor -complements-> ROG laptop"]
     plain = run(cli, "stats", "client_1")
     assert f"entities: {len(entities)}" in plain
 
@@ -95,6 +102,22 @@ def test_errors_are_one_line_with_exit_codes(cli: CliRunner, monkeypatch: pytest
     monkeypatch.setenv("HYBRIDMEM_CANDIDATES", "many")
     output = run(cli, "stats", "dave", code=2)
     assert "invalid setting" in output and "candidates" in output
+
+
+def test_ids_with_a_lone_surrogate_exit_1_as_invalid(cli: CliRunner, tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 in argv reach Python as lone surrogates (surrogateescape)."""
+    kept = run(cli, "add", "dave", "Dave owns a kayak").strip()
+    assert run(cli, "stats", "a\udcff", code=1) == (
+        "error: user_id is not valid Unicode (it holds a lone surrogate)\n")
+    assert run(cli, "forget", "dave", "ab\udcff", code=1) == (
+        "error: memory_id is not valid Unicode (it holds a lone surrogate)\n")
+    real = subprocess.run(
+        [sys.executable, "-m", "hybridmem.cli", "forget", "dave", b"ab\xff"], check=False,
+        capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (real.returncode, real.stderr) == (
+        1, b"error: memory_id is not valid Unicode (it holds a lone surrogate)\n")
+    with Memory(Settings()) as mem:
+        assert [i.id for i in mem.list("dave")] == [kept]
 
 
 def test_serve_refuses_a_public_interface_without_a_key(cli: CliRunner) -> None:
@@ -147,11 +170,15 @@ def test_demo_is_offline_whatever_the_environment_says(
     # every demo user's graph is whole in graph.json once the demo closed
     folders = sorted((tmp_path / "demo" / "users").iterdir())
     assert len(folders) == 5
+    sizes = []
     for folder in folders:
         data = json.loads((folder / "graph.json").read_text(encoding="utf-8"))
-        assert nx.node_link_graph(data["graph"], edges="edges").number_of_nodes() > 0
+        graph = nx.node_link_graph(data["graph"], edges="edges")
+        sizes.append((graph.number_of_nodes(), graph.number_of_edges()))
         log = folder / "graph.log"
         assert not log.exists() or log.stat().st_size == 0
+    # (nodes, edges) of each demo user's graph, folders in name order (the rules, the demo data)
+    assert sizes == [(55, 20), (43, 14), (40, 8), (41, 19), (37, 15)]
 
 
 def test_help_is_a_real_process_that_loads_no_model() -> None:

@@ -145,7 +145,8 @@ with Memory(Settings(data_dir=sys.argv[1], embedder="hash", max_open_users=8)) a
     for n in range(400):
         mem.add(f"user-{n}", f"I bought gadget {n}")
         if n % 100 == 0:
-            assert mem.search(f"user-{n // 2}", "gadget")
+            found = [h.item.text for h in mem.search(f"user-{n // 2}", "gadget")]
+            assert found == [f"I bought gadget {n // 2}"], found
         if n % 100 == 99:  # after each hundred users
             print(json.dumps(descriptors()), flush=True)
 """

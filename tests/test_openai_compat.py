@@ -536,6 +536,45 @@ def test_a_failing_extractor_never_loses_the_memory(openai_server, make_settings
         assert mem.history("ann", item.id)[-1].cause == "re-extracted with llm:gpt-4o-mini"
 
 
+@pytest.mark.parametrize("reply", MEMORY_FAULTS, ids=lambda r: r.fault or str(r.status or r.delay))
+def test_add_many_keeps_every_memory_when_the_extractor_fails(openai_server, make_settings,
+                                                              embedder, reply):
+    """A batch's one extraction call failing, whatever the way: every memory is stored, marked
+    for re-extraction, searchable; nothing is lost and nothing raises."""
+    texts = ["Ann bought a ROG laptop in Berlin", "Ann moved to Lisbon last spring",
+             "Ann is allergic to peanuts"]
+    with Memory(make_settings(extractor="llm", request_timeout=0.5), embedder=embedder) as mem:
+        openai_server.script(*[reply] * 6)
+        items = mem.add_many("ann", texts)
+        assert [i.text for i in items] == texts
+        assert [(i.needs_extraction, i.extractor) for i in items] == [(True, "rules")] * 3
+        assert sorted(i.text for i in mem.list("ann")) == sorted(texts)
+        assert [h.item.id for h in mem.search("ann", "peanut allergy", limit=1)] == [items[2].id]
+
+
+EMBEDDER_FAULTS = [r for r in MEMORY_FAULTS if r.content is None]  # the text is for chat
+
+
+@pytest.mark.parametrize("reply", EMBEDDER_FAULTS,
+                         ids=lambda r: r.fault or str(r.status or r.delay))
+def test_add_many_stores_nothing_when_the_embedder_fails(openai_server, make_settings, reply):
+    """The remote embedder failing mid-batch is a BackendError and no memory of the batch is
+    stored (vectors are the source of truth: no half-written batch)."""
+    settings = make_settings(embedder="openai", extractor="rules", request_timeout=0.5)
+    with Memory(settings) as mem:
+        kept = mem.add("ann", "Ann owns a red kayak")
+        graph = [str(r) for r in mem.relations("ann")]
+        openai_server.script(reply, endpoint="embeddings")
+        with pytest.raises(BackendError):
+            mem.add_many("ann", ["Ann bought a ROG laptop", "Ann lives in Berlin"])
+        assert [i.id for i in mem.list("ann")] == [kept.id]
+        assert [e.memory_id for e in mem.history("ann")] == [kept.id]
+        assert [str(r) for r in mem.relations("ann")] == graph
+        assert mem.search("ann", "ROG laptop Berlin")[0].item.id == kept.id
+        again = mem.add_many("ann", ["Ann bought a ROG laptop", "Ann lives in Berlin"])
+        assert mem.count("ann") == 3 and {i.id for i in again} < {i.id for i in mem.list("ann")}
+
+
 def test_reextraction_links_no_memories_of_different_conversations(
         openai_server, make_settings, embedder):
     """Re-extraction redoes memories of many conversations in one call: it must not chain them

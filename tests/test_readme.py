@@ -169,6 +169,62 @@ def test_readme_configuration_rows_agree_with_the_full_table() -> None:
         assert cells[:3] == full[field][:3], field  # env var, field and default agree
 
 
+#: For each README row: a value its env var can take, and the field that value gives.
+_README_ENV = {
+    "data_dir": ("/srv/hm-data", Path("/srv/hm-data")),
+    "chroma_url": ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+    "base_url": ("http://127.0.0.1:11434/v1", "http://127.0.0.1:11434/v1"),
+    "api_key": ("sk-local", "sk-local"),
+    "openai_api_key": ("sk-openai", "sk-openai"),
+    "chat_model": ("llama3.1", "llama3.1"),
+    "embedder": ("hash", "hash"),
+    "extractor": ("rules", "rules"),
+    "dedup": ("false", False),
+    "graph_weight": ("0.5", 0.5),
+    "fusion": ("rrf", "rrf"),
+    "min_score": ("0.2", 0.2),
+    "context_max_tokens": ("600", 600),
+    "max_open_users": ("16", 16),
+    "server_api_key": ("k1-0123456789, k2-0123456789", "k1-0123456789, k2-0123456789"),
+}
+
+
+def _plain(value: Any) -> Any:
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else value
+
+
+def test_every_readme_default_and_env_var_is_what_settings_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each README row, read literally: ``Settings()`` in a clean environment has the default
+    the row shows (``unset`` is None, ``~`` is the home directory), and its env var sets it."""
+    from hybridmem import Settings
+
+    table = _table(README)
+    assert set(table) == set(_README_ENV)
+    defaults = Settings()
+    for field, (env, _, cell, _) in table.items():
+        got = getattr(defaults, field)
+        literal = re.match(r"`([^`]*)`", cell)
+        if cell.startswith("unset"):
+            assert got is None, field
+        elif field == "data_dir":
+            assert literal is not None and got == Path(literal.group(1)).expanduser(), cell
+        else:
+            assert literal is not None, (field, cell)
+            shown = literal.group(1)
+            if isinstance(got, bool):
+                assert shown == str(got).lower(), field
+            elif isinstance(got, (int, float)):
+                assert float(shown) == got, field
+            else:
+                assert shown == got, field
+        raw, expected = _README_ENV[field]
+        monkeypatch.setenv(env.strip("`"), raw)
+        assert _plain(getattr(Settings(), field)) == expected, field
+        monkeypatch.delenv(env.strip("`"))
+
+
 def test_defaults_named_in_prose_are_the_code_s() -> None:
     """A setting named in running text with its default ("`dedup_cosine` (0.68)", "(`w` 0.4")
     shows the code's default, on every page and in the ranking module's docstring."""

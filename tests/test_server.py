@@ -201,8 +201,8 @@ def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
                        json={"query": "which laptop did they buy?", "limit": 2})
     assert hits.status_code == 200
     body = hits.json()
-    assert 1 <= len(body) <= 2
-    assert "laptop" in body[0]["item"]["text"]
+    assert [h["item"]["text"] for h in body] == ["Bought a ROG Strix gaming laptop in March",
+                                                 "Wants a 4K monitor for photo editing"]
     assert body[0]["why"] and "fused" in body[0]["breakdown"]
     # written out without FastAPI's second validation: still exactly list[Hit] as JSON
     assert hits.headers["content-type"] == "application/json"
@@ -215,9 +215,13 @@ def test_search_and_context(client: httpx.Client, unique_user: str) -> None:
     ctx = client.post(f"/v1/users/{unique_user}/context",
                       json={"query": "monitor for my laptop", "max_tokens": 40})
     assert ctx.status_code == 200
-    assert ctx.json()["max_tokens"] == 40
-    assert 0 < ctx.json()["tokens"] <= 40
-    assert "monitor" in ctx.json()["text"] or "laptop" in ctx.json()["text"]
+    monitor = body[1]["item"]["created_at"][:10]
+    # 32 o200k tokens, counted once with tiktoken; the laptop line would not fit in 40
+    assert ctx.json() | {"lines": None} == {
+        "text": f"<memory>\nMemories (most relevant first):\n- [{monitor}] Wants a 4K monitor "
+                "for photo editing\n</memory>",
+        "tokens": 32, "max_tokens": 40, "lines": None, "encoding": "o200k_base"}
+    assert [line["memory_id"] for line in ctx.json()["lines"]] == [body[1]["item"]["id"]]
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -271,6 +275,24 @@ def test_bad_user_ids_are_422_by_class(client: httpx.Client, user: str) -> None:
     ):
         assert response.status_code == 422
         assert response.json()["error"]["type"] == "InvalidUserIdError"
+
+
+def test_ids_that_are_not_utf8_are_422_by_class(client: httpx.Client, unique_user: str) -> None:
+    """A lone surrogate percent-encoded (%ED%A0%80 is U+D800 in UTF-8's form) reaches the
+    service as U+FFFD: refused as a bad id of the right class, never a 500."""
+    lone = "%ED%A0%80"
+    client.post(memories(unique_user), json={"text": "already here"})
+    for response, kind in (
+        (client.get(f"/v1/users/a{lone}/memories"), "InvalidUserIdError"),
+        (client.get(f"/v1/users/{lone}/history"), "InvalidUserIdError"),
+        (client.get(f"{memories(unique_user)}/ab{lone}"), "InvalidInputError"),
+        (client.delete(f"{memories(unique_user)}/ab{lone}"), "InvalidInputError"),
+        (client.patch(f"{memories(unique_user)}/{lone}", json={"text": "x"}), "InvalidInputError"),
+        (client.get(f"/v1/users/{unique_user}/history?memory_id=ab{lone}"), "InvalidInputError"),
+    ):
+        assert (response.status_code, response.json()["error"]["type"]) == (422, kind), \
+            response.request.url
+    assert [m["text"] for m in client.get(memories(unique_user)).json()] == ["already here"]
 
 
 def test_unknown_memory_is_404(client: httpx.Client, unique_user: str) -> None:
