@@ -122,9 +122,11 @@ RAN: dict[str, list[int]] = {}
 def test_without_the_key_every_v1_route_is_401(rest: tuple[str, dict[str, Any], int]) -> None:
     url, spec, _ = rest
     routes = [(m, p) for p, ops in spec["paths"].items() for m in ops if p.startswith("/v1")]
-    assert {p for _, p in routes} == set(spec["paths"]) - {"/health"}  # only health is open
-    assert len(routes) == 22
+    # health and readiness are open; the metrics need the key like every v1 route
+    assert {p for _, p in routes} == set(spec["paths"]) - {"/health", "/ready", "/metrics"}
+    assert len(routes) == 25
     with httpx.Client(base_url=url) as client:
+        assert client.get("/metrics").status_code == 401
         for method, path in routes:
             answer = client.request(method.upper(), path.replace("{user_id}", "u")
                                     .replace("{memory_id}", "m"), json={})
