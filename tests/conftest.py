@@ -16,12 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from hybridmem import Memory, Settings
 from hybridmem.offline import LocalEmbedder
 from openai_wire import OpenAIWireServer
 
 ENV_PREFIXES = ("HYBRIDMEM_", "OPENAI_")
+
+# Property tests: "ci" (the default) draws the same examples on every run, never fails on a slow
+# example (deadline=None: a loaded machine is not a bug) and prints the blob that replays a
+# failure (@reproduce_failure). "explore" draws fresh random examples: pass
+# --hypothesis-profile=explore to hunt for new failures.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+hypothesis_settings.register_profile("explore", deadline=None, print_blob=True)
+hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
