@@ -1,15 +1,13 @@
-"""An overwriting import killed with SIGKILL at random moments leaves the user wholly before or
+"""An overwriting import killed with SIGKILL at each of its writes leaves the user wholly before or
 wholly after it — memories, lexical index and graph alike — never half overwritten."""
 
 from __future__ import annotations
 
 import json
-import random
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +18,58 @@ from hybridmem.ops.bundle import IMPORT_FILE
 from hybridmem.graph import NetworkXGraphStore
 
 #: Two bundles over the same memory ids: "alpha" texts about Lyon, "beta" texts about Paris.
-#: The importer loads them in turn, each overwriting the other, until it is killed.
+#: The importer opens the data dir (which finishes a journaled import), loads one bundle over the
+#: other and pauses at one point of the import's writes, printing "paused <point>", so the test
+#: kills it exactly there; "-" imports nothing (the pause then lands in the recovery at open).
 IMPORTER = r"""
-import json, sys
+import json, sys, threading
 from hybridmem import Memory, Settings
+from hybridmem.chroma.vector import ChromaVectorStore
+from hybridmem.graph.store import NetworkXGraphStore
+from hybridmem.ops import bundle
+from hybridmem.sqlite.history import HistoryStore
+from hybridmem.sqlite.lexical import SqliteLexicalIndex
 
-data_dir, bundles = sys.argv[1], json.loads(open(sys.argv[2]).read())
+data_dir, bundles, name, point = sys.argv[1], json.loads(open(sys.argv[2]).read()), *sys.argv[3:]
+calls = {}
+
+def pause(here):
+    calls[here] = calls.get(here, 0) + 1
+    if f"{here}#{calls[here]}" == point:
+        print("paused", point, flush=True)
+        threading.Event().wait()  # until the test's SIGKILL
+
+def after(cls, method):
+    real = getattr(cls, method)
+    def wrapped(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        pause(f"{cls.__name__}.{method}")
+        return result
+    setattr(cls, method, wrapped)
+
+for cls, method in ((ChromaVectorStore, "upsert"), (SqliteLexicalIndex, "add"),
+                    (NetworkXGraphStore, "import_graph"), (HistoryStore, "record")):
+    after(cls, method)
+write = bundle.atomic_write_bytes
+def journaled(path, data):
+    if path.name == bundle.IMPORT_FILE:
+        pause("before-journal")
+        write(path, data)
+        pause("after-journal")
+    else:
+        write(path, data)
+bundle.atomic_write_bytes = journaled
 with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
-    print("ready", flush=True)
-    for n in range(1000):
-        name = "beta" if n % 2 == 0 else "alpha"
-        print("begin", name, flush=True)  # said before: a kill after it may or may not land
+    if name != "-":
         mem.import_("u", bundles[name], overwrite=True)
-        print("done", name, flush=True)
+print("finished", flush=True)
 """
+#: Where a kill lands in an overwriting import (the N memories are three chunks, each written to
+#: the vectors then the lexical index; then the graph, then the history): before its journal is
+#: committed, then after each write.
+KILL_POINTS = ["before-journal#1", "after-journal#1", "ChromaVectorStore.upsert#1",
+               "SqliteLexicalIndex.add#2", "ChromaVectorStore.upsert#3",
+               "NetworkXGraphStore.import_graph#1", "HistoryStore.record#1"]
 N = 600  # three import chunks
 CITY = {"alpha": "Lyon", "beta": "Paris"}
 
@@ -78,43 +114,48 @@ def _state(mem: Memory, data_dir: Path) -> str:
     return name
 
 
-def test_an_overwriting_import_killed_at_random_is_all_or_nothing(tmp_path: Path) -> None:
-    rng = random.Random(20261201)
+def _kill_at(data_dir: Path, bundles: Path, name: str, point: str, errors: Path) -> None:
+    """Run the importer until it pauses at ``point``, then SIGKILL it."""
+    with errors.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", IMPORTER, str(data_dir), str(bundles),
+                                 name, point], stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None
+    said: list[str] = []
+    for line in proc.stdout:  # until it pauses (or, if the point was never reached, ends)
+        said.append(line.strip())
+        if said[-1] in (f"paused {point}", "finished"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert said and said[-1] == f"paused {point}", (point, said[-3:], errors.read_text()[-2000:])
+
+
+@pytest.mark.slow
+def test_an_overwriting_import_killed_at_each_write_is_all_or_nothing(tmp_path: Path) -> None:
+    """SIGKILL at each point of an overwriting import, paused there so the kill lands at that
+    point on any machine: before its journal the user keeps the old bundle, after it the next
+    open finishes the new one; never half of each."""
     data_dir = tmp_path / "hm"
     bundles = _bundles(tmp_path / "src")
     path = tmp_path / "bundles.json"
     path.write_text(json.dumps(bundles))
     with Memory(_settings(data_dir)) as mem:
         mem.import_("u", bundles["alpha"])
-        started = time.monotonic()  # one overwriting import, timed on this machine now
-        mem.import_("u", bundles["beta"], overwrite=True)
-        took = time.monotonic() - started
-        mem.import_("u", bundles["alpha"], overwrite=True)
         assert _state(mem, data_dir) == "alpha"
-    seen = set()
-    previous = "alpha"
-    for trial in range(8):
-        errors = tmp_path / f"importer-{trial}.err"
-        with errors.open("w") as stderr:
-            proc = subprocess.Popen([sys.executable, "-c", IMPORTER, str(data_dir), str(path)],
-                                    stdout=subprocess.PIPE, stderr=stderr, text=True)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready", errors.read_text()
-        # kills spread over the first four imports (beta, alpha, beta, alpha), in units of the
-        # measured import time, so they land at different points on a busy machine too
-        time.sleep(took * (0.3 + 0.45 * trial + rng.uniform(0.0, 0.1)))
-        proc.send_signal(signal.SIGKILL)
-        said = [line.split() for line in proc.stdout.read().splitlines() if line.strip()]
-        proc.wait(timeout=60)
+    state = "alpha"
+    for trial, point in enumerate(KILL_POINTS):
+        other = "beta" if state == "alpha" else "alpha"
+        _kill_at(data_dir, path, other, point, tmp_path / f"importer-{trial}.err")
         with Memory(_settings(data_dir)) as mem:
-            state = _state(mem, data_dir)
-        seen.add(state)
-        # The last import acknowledged is there, unless the kill came after the next one began.
-        before = next((name for verb, name in reversed(said) if verb == "done"), previous)
-        allowed = {before} | ({said[-1][1]} if said and said[-1][0] == "begin" else set())
-        assert state in allowed, (trial, said[-3:], state)
-        previous = state
-    assert seen == {"alpha", "beta"}  # the kills landed at different points
+            got = _state(mem, data_dir)
+        assert got == (state if point == "before-journal#1" else other), (point, got)
+        state = got
+    # A kill during the recovery at the next open: that open's recovery is finished in turn.
+    other = "beta" if state == "alpha" else "alpha"
+    _kill_at(data_dir, path, other, "SqliteLexicalIndex.add#1", tmp_path / "import.err")
+    _kill_at(data_dir, path, "-", "ChromaVectorStore.upsert#2", tmp_path / "recovery.err")
+    with Memory(_settings(data_dir)) as mem:
+        assert _state(mem, data_dir) == other
 
 
 class _FullDisk(NetworkXGraphStore):
