@@ -72,12 +72,12 @@ def test_the_journal_is_rewritten_in_place_and_a_torn_one_is_dropped(tmp_path: P
 
 
 HOLDER = r"""
-import sys, time
+import sys, threading
 from hybridmem import Memory, Settings
 with Memory(Settings(data_dir=sys.argv[1], embedder="hash")) as mem:
     mem.add("u", "held")
     print("ready", flush=True)
-    time.sleep(60)
+    threading.Event().wait()  # holds the data dir until the test kills it
 """
 
 

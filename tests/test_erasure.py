@@ -158,14 +158,14 @@ def test_purge_now_is_physical_before_it_returns(tmp_path: Path) -> None:
 
 
 KILLED_AFTER_FORGET = r"""
-import sys, time
+import sys, threading
 from hybridmem import Memory, Settings
 with Memory(Settings(data_dir=sys.argv[1], embedder="hash", purge_delay=3600)) as mem:
     secret = mem.add("u", "My safe code is Qk8086k3.")
     mem.add("u", "I like green tea.")
     mem.forget("u", secret.id)
     print("forgotten", flush=True)
-    time.sleep(600)
+    threading.Event().wait()  # until the test kills it
 """
 
 
