@@ -68,15 +68,8 @@ def unique_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["embedded", "server"])
-def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    """Each Memory test runs twice: on embedded Chroma (None) and on a real `chroma run` (its
-    URL). The server is shared by the session, so every collection is deleted after a test."""
-    if request.param == "embedded":
-        yield None
-        return
-    url: str = request.getfixturevalue("chroma_server")
-    yield url
+def _empty_chroma_server(url: str) -> None:
+    """Delete every collection of the session's Chroma server."""
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -85,6 +78,20 @@ def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
                                  settings=ChromaSettings(anonymized_telemetry=False))
     for collection in client.list_collections():
         client.delete_collection(collection.name)
+
+
+@pytest.fixture(params=["embedded", "server"])
+def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """Each Memory test runs twice: on embedded Chroma (None) and on a real `chroma run` (its
+    URL). The server is shared by the session, and tests that use it directly may leave
+    collections (of any name and dimension), so it is emptied before and after a test."""
+    if request.param == "embedded":
+        yield None
+        return
+    url: str = request.getfixturevalue("chroma_server")
+    _empty_chroma_server(url)
+    yield url
+    _empty_chroma_server(url)
 
 
 @pytest.fixture()
