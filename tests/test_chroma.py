@@ -216,9 +216,10 @@ def test_scrub_freed_heap_reports_whether_it_could() -> None:
 #: Collections the index-cache test searches: capped, Chroma 1.5 still leaves ~37-45 of 60 open
 #: (more under load: 45 failed a 3/4 bar in CI), but ~50-55 of 120, so 120 keep the gap wide.
 _SEARCHED = 120
-#: The soft open-file limit each search process raises itself to (up to the hard limit): twice
-#: what leaves Chroma room for _SEARCHED cached indexes.
-_FILES_WANTED = 2 * math.ceil(_SEARCHED * _chroma.FILES_PER_INDEX / _chroma.CHROMA_FILE_SHARE)
+#: The soft open-file limit each search process raises itself to (up to the hard limit): four
+#: times what RLIMIT_NOFILE // FILES_PER_INDEX promises room for _SEARCHED indexes, since Chroma
+#: 1.5 keeps fewer (measured: 110 indexes when it saw 1,200 files).
+_FILES_WANTED = 4 * math.ceil(_SEARCHED * _chroma.FILES_PER_INDEX / _chroma.CHROMA_FILE_SHARE)
 #: Searches _SEARCHED collections of one embedded store, then prints the HNSW index files it holds
 #: open.
 _SEARCH_MANY = r"""
@@ -258,6 +259,7 @@ def _index_files_after_searching(root: Path, max_indexes: int | None) -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
 def test_max_indexes_shrinks_embedded_chromas_index_cache(tmp_path: Path) -> None:
     """Chroma caches ``RLIMIT_NOFILE // 5`` indexes, each with 4 open files and its vectors in
@@ -267,9 +269,9 @@ def test_max_indexes_shrinks_embedded_chromas_index_cache(tmp_path: Path) -> Non
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < _FILES_WANTED:  # common soft limits (1024) are raised
-        pytest.skip(f"the hard file limit ({hard}) bounds Chroma's cache below {_SEARCHED} indexes: "
-                    f"raise it to {_FILES_WANTED} (ulimit -Hn)")
+    if hard != resource.RLIM_INFINITY and hard < _FILES_WANTED:  # a low soft limit is raised
+        pytest.skip(f"the hard file limit ({hard}) bounds Chroma's cache below {_SEARCHED} "
+                    f"indexes: raise it to {_FILES_WANTED} (ulimit -Hn)")
     uncapped = _index_files_after_searching(tmp_path / "uncapped", None)
     capped = _index_files_after_searching(tmp_path / "capped", 4)
     assert uncapped >= _SEARCHED * 4  # every index searched stays open
@@ -315,6 +317,7 @@ def _rss_after_replacing_clients(root: Path, release: bool) -> list[int]:
     return [int(x) for x in done.stdout.split()]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").is_file() or not process.release_freed_heap(),
                     reason="needs Linux with glibc")
 def test_rss_stays_flat_as_clients_are_replaced(tmp_path: Path) -> None:

@@ -104,6 +104,7 @@ def test_an_intact_index_is_not_torn(built: tuple[Path, Path]) -> None:
     assert torn(data / "chroma", collection_name(USER)) is None
 
 
+@pytest.mark.slow
 def test_each_kind_of_torn_file_is_rebuilt_and_every_memory_found(
         built: tuple[Path, Path], tmp_path: Path) -> None:
     data, want = built
@@ -138,7 +139,8 @@ def pause(here):
         print("paused", here, flush=True)
         threading.Event().wait()  # until the test's SIGKILL
 
-mark, create, drop, add = repair.Repair._mark, repair.create_collection, repair.drop_collection, Collection.add
+mark, create, drop = repair.Repair._mark, repair.create_collection, repair.drop_collection
+add = Collection.add
 
 def marked(marker, step, meta):
     pause("before-" + step)
@@ -195,7 +197,8 @@ def test_a_kill_during_the_rebuild_is_finished_at_the_next_open(
                 break
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
-        assert said and said[-1] == f"paused {point}", (point, said[-3:], errors.read_text()[-2000:])
+        assert said and said[-1] == f"paused {point}", (point, said[-3:],
+                                                        errors.read_text()[-2000:])
         assert list((copy / "chroma").glob("repair-*")), point  # the kill left the rebuild undone
         copies.append(copy)
     expected = {"listed": N, "by_id": N, "found": sample, "history": sample}

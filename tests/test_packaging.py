@@ -52,8 +52,8 @@ def test_extras_and_core_dependencies() -> None:
     assert extras["all"] == (extras["server"] | extras["notebooks"] | extras["mcp"]
                              | extras["langgraph"])
     # The README's test command installs [dev] only: it must hold every extra the tests use.
-    assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "pytest-timeout", "hypothesis", "mypy",
-                                                 "mkdocs"}
+    assert extras["dev"] >= extras["all"] | {"httpx", "pytest", "pytest-timeout", "hypothesis",
+                                             "mypy", "mkdocs", "tomli"}
 
 
 def test_one_version_source() -> None:
@@ -65,6 +65,7 @@ def test_one_version_source() -> None:
     assert PYPROJECT["urls"] and PYPROJECT["classifiers"]
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_demo_and_runs_it_from_any_directory(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(

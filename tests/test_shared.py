@@ -401,6 +401,7 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_add_to_one_user_concurrently(chroma_server: str, tmp_path: Path,
                                                    unique_user: str) -> None:
     script = tmp_path / "worker.py"
@@ -472,6 +473,7 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_writing_conflicting_facts_keep_one_current_value(
     chroma_server: str, tmp_path: Path, unique_user: str
 ) -> None:
