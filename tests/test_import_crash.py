@@ -35,7 +35,7 @@ calls = {}
 
 def pause(here):
     calls[here] = calls.get(here, 0) + 1
-    if f"{here}#{calls[here]}" == point:
+    if f"{here}@{calls[here]}" == point:
         print("paused", point, flush=True)
         threading.Event().wait()  # until the test's SIGKILL
 
@@ -66,10 +66,10 @@ print("finished", flush=True)
 """
 #: Where a kill lands in an overwriting import (the N memories are three chunks, each written to
 #: the vectors then the lexical index; then the graph, then the history): before its journal is
-#: committed, then after each write.
-KILL_POINTS = ["before-journal#1", "after-journal#1", "ChromaVectorStore.upsert#1",
-               "SqliteLexicalIndex.add#2", "ChromaVectorStore.upsert#3",
-               "NetworkXGraphStore.import_graph#1", "HistoryStore.record#1"]
+#: committed, then after each write; ``@n`` is the n-th call of that point in the process.
+KILL_POINTS = ["before-journal@1", "after-journal@1", "ChromaVectorStore.upsert@1",
+               "SqliteLexicalIndex.add@2", "ChromaVectorStore.upsert@3",
+               "NetworkXGraphStore.import_graph@1", "HistoryStore.record@1"]
 N = 600  # three import chunks
 CITY = {"alpha": "Lyon", "beta": "Paris"}
 
@@ -148,12 +148,12 @@ def test_an_overwriting_import_killed_at_each_write_is_all_or_nothing(tmp_path: 
         _kill_at(data_dir, path, other, point, tmp_path / f"importer-{trial}.err")
         with Memory(_settings(data_dir)) as mem:
             got = _state(mem, data_dir)
-        assert got == (state if point == "before-journal#1" else other), (point, got)
+        assert got == (state if point == "before-journal@1" else other), (point, got)
         state = got
     # A kill during the recovery at the next open: that open's recovery is finished in turn.
     other = "beta" if state == "alpha" else "alpha"
-    _kill_at(data_dir, path, other, "SqliteLexicalIndex.add#1", tmp_path / "import.err")
-    _kill_at(data_dir, path, "-", "ChromaVectorStore.upsert#2", tmp_path / "recovery.err")
+    _kill_at(data_dir, path, other, "SqliteLexicalIndex.add@1", tmp_path / "import.err")
+    _kill_at(data_dir, path, "-", "ChromaVectorStore.upsert@2", tmp_path / "recovery.err")
     with Memory(_settings(data_dir)) as mem:
         assert _state(mem, data_dir) == other
 
