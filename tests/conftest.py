@@ -16,12 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from hybridmem import Memory, Settings
 from hybridmem.offline import LocalEmbedder
 from openai_wire import OpenAIWireServer
 
 ENV_PREFIXES = ("HYBRIDMEM_", "OPENAI_")
+
+# Property tests: "ci" (the default) draws the same examples on every run, never fails on a slow
+# example (deadline=None: a loaded machine is not a bug) and prints the blob that replays a
+# failure (@reproduce_failure). "explore" draws fresh random examples: pass
+# --hypothesis-profile=explore to hunt for new failures.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+hypothesis_settings.register_profile("explore", deadline=None, print_blob=True)
+hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +68,8 @@ def unique_user() -> str:
     return f"user-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["embedded", "server"])
-def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    """Each Memory test runs twice: on embedded Chroma (None) and on a real `chroma run` (its
-    URL). The server is shared by the session, so every collection is deleted after a test."""
-    if request.param == "embedded":
-        yield None
-        return
-    url: str = request.getfixturevalue("chroma_server")
-    yield url
+def _empty_chroma_server(url: str) -> None:
+    """Delete every collection of the session's Chroma server."""
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -76,6 +78,20 @@ def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
                                  settings=ChromaSettings(anonymized_telemetry=False))
     for collection in client.list_collections():
         client.delete_collection(collection.name)
+
+
+@pytest.fixture(params=["embedded", "server"])
+def chroma_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """Each Memory test runs twice: on embedded Chroma (None) and on a real `chroma run` (its
+    URL). The server is shared by the session, and tests that use it directly may leave
+    collections (of any name and dimension), so it is emptied before and after a test."""
+    if request.param == "embedded":
+        yield None
+        return
+    url: str = request.getfixturevalue("chroma_server")
+    _empty_chroma_server(url)
+    yield url
+    _empty_chroma_server(url)
 
 
 @pytest.fixture()
@@ -118,7 +134,7 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # only a hang reaches it on a loaded machine
     while True:
         try:
             with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=1):

@@ -56,6 +56,7 @@ class Reply:
     fault: Fault | None = None
     drip: float = 0.0
     tool_call: tuple[str, str] | None = None
+    held: bool = False
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -70,6 +71,12 @@ class Reply:
     def slow(cls, seconds: float, content: str | None = None) -> Reply:
         """Answer after ``seconds`` (cut short when the server is reset or closed)."""
         return cls(content=content, delay=seconds)
+
+    @classmethod
+    def held_back(cls, content: str | None = None) -> Reply:
+        """Answer only once the test calls :meth:`OpenAIWireServer.release` (a slow model whose
+        slowness the test decides, whatever the machine's speed); reset and close answer 503."""
+        return cls(content=content, held=True)
 
     @classmethod
     def cut_stream(cls, after: int, content: str | None = None) -> Reply:
@@ -212,6 +219,7 @@ class OpenAIWireServer:
         self._initial_dimension = dimension
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._released = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._ids = 0
@@ -281,7 +289,13 @@ class OpenAIWireServer:
             self._queues = {"chat": deque(), "embeddings": deque()}
             self._wake.set()
             self._wake = threading.Event()
+            self._released = threading.Event()
             self._defaults()
+
+    def release(self) -> None:
+        """Let every held-back reply (:meth:`Reply.held_back`) answer, now and later."""
+        with self._lock:
+            self._released.set()
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -300,16 +314,26 @@ class OpenAIWireServer:
             return sum(len(q) for q in self._queues.values())
 
     # called from handler threads -----------------------------------------------------------------
-    def _receive(self, recorded: RecordedRequest) -> tuple[Reply, threading.Event]:
+    def _receive(
+        self, recorded: RecordedRequest
+    ) -> tuple[Reply, threading.Event, threading.Event]:
         with self._lock:
             self._requests.append(recorded)
             queue = self._queues.get(_PATHS.get(recorded.path, ""))
-            return (queue.popleft() if queue else Reply()), self._wake
+            return (queue.popleft() if queue else Reply()), self._wake, self._released
 
     def _next_id(self, prefix: str) -> str:
         with self._lock:
             self._ids += 1
             return f"{prefix}-wire{self._ids}"
+
+
+def _released(released: threading.Event, wake: threading.Event) -> bool:
+    """Wait for :meth:`OpenAIWireServer.release`; False when a reset or close came first."""
+    while not released.wait(0.05):
+        if wake.is_set():
+            return False
+    return True
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
@@ -347,7 +371,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in self.headers.items()}
-        reply, wake = wire._receive(RecordedRequest("POST", self.path, headers, body))
+        reply, wake, released = wire._receive(RecordedRequest("POST", self.path, headers, body))
         endpoint = _PATHS.get(self.path)
         key = headers.get("authorization", "").removeprefix("Bearer ")
         if endpoint is None:
@@ -356,7 +380,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(400, "We could not parse the JSON body of your request.")
         elif wire.required_key is not None and key != wire.required_key:
             self._error(401, f"Incorrect API key provided: {key}.", "invalid_api_key")
-        elif reply.delay and wake.wait(reply.delay):
+        elif (reply.delay and wake.wait(reply.delay)) or (
+            reply.held and not _released(released, wake)
+        ):
             self._error(503, "The server is shutting down.")
         elif reply.status >= 400:
             self._error(reply.status, reply.message or _REASONS.get(reply.status, "Error."))

@@ -7,7 +7,7 @@ import inspect
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -47,6 +47,7 @@ class CountingEmbedder(HashEmbedder):
         self.in_flight = 0  # texts inside embed_batch at once (concurrent queries share a call)
         self.peak_texts = 0
         self.threads: set[int] = set()
+        self.gate: Callable[[Sequence[str]], None] | None = None  # runs inside each call
         self._guard = threading.Lock()
 
     def embed_batch(self, texts: Sequence[str]) -> list[list[float]]:
@@ -57,6 +58,8 @@ class CountingEmbedder(HashEmbedder):
             self.peak_texts = max(self.peak_texts, self.in_flight)
             self.threads.add(threading.get_ident())
         try:
+            if self.gate is not None:
+                self.gate(texts)
             if self.delay:
                 time.sleep(self.delay)
             return super().embed_batch(texts)
@@ -214,14 +217,28 @@ async def test_many_concurrent_tasks_on_one_user_and_others(tmp_path: Path) -> N
 
 
 async def test_threads_are_bounded_by_max_threads(tmp_path: Path) -> None:
-    embedder = CountingEmbedder(delay=0.02)
+    embedder = CountingEmbedder()
     async with AsyncMemory(Settings(data_dir=tmp_path / "hm"), embedder=embedder,
                            max_threads=3) as amem:
         await amem.add("seed", "warm up the stores", infer=False)
+        batcher = amem.memory._retriever._batch  # type: ignore[attr-defined]  # white-box
+        first = threading.Event()
+
+        def hold_the_first_query(texts: Sequence[str]) -> None:
+            if first.is_set():
+                return
+            first.set()  # the first query's call waits until both other threads queue theirs
+            deadline = time.monotonic() + 60  # only a hang reaches it
+            while len(batcher._queue) < 2:
+                assert time.monotonic() < deadline, "the other threads never queued"
+                time.sleep(0.001)
+
+        embedder.gate = hold_the_first_query
         async with anyio.create_task_group() as tg:
             for n in range(24):
                 tg.start_soon(amem.search, f"user-{n % 8}", f"anything at all {n}")
-    # searches in flight at once: their queries are embedded together (one call per batch)
+    # searches in flight at once: their queries are embedded together (one call per batch), and
+    # never more than the three threads carry
     assert 2 <= embedder.peak_texts <= 3
 
 
@@ -250,7 +267,8 @@ async def test_aclose_waits_for_calls_in_flight_then_refuses(tmp_path: Path) -> 
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(slow_add)
-        await anyio.sleep(0.05)
+        while not embedder.active:  # the add is inside its thread (pytest-timeout ends a hang)
+            await anyio.sleep(0.001)
         await amem.aclose()  # returns only once the add has landed
         assert results
     with pytest.raises(ClosedError):

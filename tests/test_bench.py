@@ -113,6 +113,7 @@ def test_locomo_runs_on_a_tiny_conversation(tmp_path: Path) -> None:
     assert "| hybridmem |" in proc.stdout and "R@2000tok" in proc.stdout
 
 
+@pytest.mark.slow
 def test_latency_runs_on_a_small_user(tmp_path: Path) -> None:
     out = tmp_path / "latency.json"
     proc = _run("latency.py", "--sizes", "50", "--queries", "5", "--single", "5", "--out", str(out),
@@ -184,6 +185,7 @@ def test_storage_raw_records_have_the_stores_keys(tmp_path: Path) -> None:
     assert {k: type(v) for k, v in raw.items()} == {k: type(v) for k, v in ours.items()}
 
 
+@pytest.mark.slow
 def test_latency_ingest_only_then_reuse(tmp_path: Path) -> None:
     """--ingest-only builds a size's stores and times nothing; --reuse then times the read path on
     them without ingesting again (how the 100k row is made: ingest niced, time under the lock)."""

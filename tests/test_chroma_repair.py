@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +104,7 @@ def test_an_intact_index_is_not_torn(built: tuple[Path, Path]) -> None:
     assert torn(data / "chroma", collection_name(USER)) is None
 
 
+@pytest.mark.slow
 def test_each_kind_of_torn_file_is_rebuilt_and_every_memory_found(
         built: tuple[Path, Path], tmp_path: Path) -> None:
     data, want = built
@@ -123,29 +123,84 @@ def test_each_kind_of_torn_file_is_rebuilt_and_every_memory_found(
         assert not list((copy / "chroma").glob("repair-*"))
 
 
+#: Opens a torn data dir and pauses the rebuild at one point (argv[2]), printing "paused <point>",
+#: so the test kills it exactly there: each point is a step boundary or between two batches of a
+#: step (N records are two batches of repair.BATCH).
+PAUSER = r"""
+import sys, threading
+from chromadb.api.models.Collection import Collection
+from hybridmem import Memory, Settings
+from hybridmem.chroma import repair
+
+data_dir, point = sys.argv[1], sys.argv[2]
+
+def pause(here):
+    if here == point:
+        print("paused", here, flush=True)
+        threading.Event().wait()  # until the test's SIGKILL
+
+mark, create, drop = repair.Repair._mark, repair.create_collection, repair.drop_collection
+add = Collection.add
+
+def marked(marker, step, meta):
+    pause("before-" + step)
+    mark(marker, step, meta)
+
+def created(client, name, meta):
+    pause("before-create-staging" if name.startswith(repair.STAGING) else "before-create")
+    return create(client, name, meta)
+
+def dropped(client, name):
+    if name.startswith(repair.STAGING):
+        pause("before-drop-staging")
+    return drop(client, name)
+
+def added(self, *args, **kwargs):
+    result = add(self, *args, **kwargs)
+    pause("after-add-staging" if self.name.startswith(repair.STAGING) else "after-add")
+    return result
+
+repair.Repair._mark = staticmethod(marked)
+repair.create_collection, repair.drop_collection, Collection.add = created, dropped, added
+with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
+    mem.count("alice")
+print("finished", flush=True)
+"""
+#: Where a kill interrupts the rebuild (see hybridmem.chroma.repair): records read, half staged,
+#: wholly staged, torn collection dropped and created empty, half copied back, copied back with
+#: the staging collection still there.
+KILL_POINTS = ["before-create-staging", "after-add-staging", "before-staged", "before-create",
+               "after-add", "before-drop-staging"]
+
+
+@pytest.mark.slow
 def test_a_kill_during_the_rebuild_is_finished_at_the_next_open(
         built: tuple[Path, Path], tmp_path: Path) -> None:
-    """SIGKILL at random moments of the rebuild (reading, staging, copying back); the next
-    open finishes it, every memory there."""
+    """SIGKILL at each step of the rebuild (reading, staging, copying back), paused there so the
+    kill lands at that step on any machine; the next open finishes it, every memory there."""
     data, want = built
-    rnd = random.Random(11)
     sample = len(json.loads(want.read_text())["sample"])
-    copies, interrupted = [], 0
-    for trial in range(4):
-        copy = tmp_path / f"data{trial}"
+    copies = []
+    for point in KILL_POINTS:
+        copy = tmp_path / point
         shutil.copytree(data, copy)
         _tear(_segment(copy) / "index_metadata.pickle", "cut")
-        child = subprocess.Popen([sys.executable, "-c", CHECKER, str(want), str(copy)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120  # wait for the rebuild to start, then kill inside it
-        while not list((copy / "chroma").glob("repair-*")) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(rnd.uniform(0.0, 2.0))
+        errors = tmp_path / f"{point}.err"
+        with errors.open("w") as stderr:
+            child = subprocess.Popen([sys.executable, "-c", PAUSER, str(copy), point],
+                                     stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert child.stdout is not None
+        said: list[str] = []
+        for line in child.stdout:  # until it pauses (or, if the point was never reached, ends)
+            said.append(line.strip())
+            if said[-1] in (f"paused {point}", "finished"):
+                break
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
-        interrupted += bool(list((copy / "chroma").glob("repair-*")))
+        assert said and said[-1] == f"paused {point}", (point, said[-3:],
+                                                        errors.read_text()[-2000:])
+        assert list((copy / "chroma").glob("repair-*")), point  # the kill left the rebuild undone
         copies.append(copy)
-    assert interrupted >= 2  # most kills landed inside the rebuild, not after it
     expected = {"listed": N, "by_id": N, "found": sample, "history": sample}
     assert _check(want, *copies) == [expected] * len(copies)
     for copy in copies:

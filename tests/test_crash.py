@@ -18,6 +18,7 @@ from hybridmem.chroma import client as _chroma
 from hybridmem.write import journal
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_random_loses_nothing_acknowledged(
     tmp_path: Path, chroma_url: str | None
 ) -> None:
@@ -72,12 +73,12 @@ def test_the_journal_is_rewritten_in_place_and_a_torn_one_is_dropped(tmp_path: P
 
 
 HOLDER = r"""
-import sys, time
+import sys, threading
 from hybridmem import Memory, Settings
 with Memory(Settings(data_dir=sys.argv[1], embedder="hash")) as mem:
     mem.add("u", "held")
     print("ready", flush=True)
-    time.sleep(60)
+    threading.Event().wait()  # holds the data dir until the test kills it
 """
 
 
@@ -152,6 +153,7 @@ with Memory(Settings(data_dir=sys.argv[1], embedder="hash", max_open_users=8)) a
 """
 
 
+@pytest.mark.slow
 def test_open_files_stay_flat_as_users_grow_under_a_low_file_limit(tmp_path: Path) -> None:
     """400 users under ``ulimit -n 128`` with at most 8 open at once: our descriptors after 400
     users equal those after 100, and embedded Chroma's HNSW index files stay within the share of

@@ -4,7 +4,6 @@ software was made (that is the changelog's job)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -36,8 +35,6 @@ def _public_paths() -> list[str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed: pip install mkdocs-material 'mkdocstrings[python]'")
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from hybridmem import Memory, Settings
 from hybridmem.chroma.purge import MARKER, Compactor
 from hybridmem.errors import StorageError
@@ -111,11 +113,20 @@ def _wait_purged(mem: Memory, user_id: str, within: float = 60.0) -> float:
 def test_a_forgotten_text_leaves_every_file_within_the_purge_delay(tmp_path: Path) -> None:
     data = tmp_path / "hm"
     with Memory(Settings(data_dir=data, purge_delay=0.3), embedder=HashEmbedder(64)) as mem:
+        compactor = mem._stores.vectors._compactor  # type: ignore[attr-defined]  # white-box
+        purge, looked = compactor._purge, threading.Event()
+
+        def after_a_look() -> None:  # the purge, held until the test has looked at the files
+            looked.wait(60)
+            purge()
+
+        compactor._purge = after_a_look
         secret = mem.add("u", "My safe code is Qx5512k3.")
         mem.add("u", "I like green tea.")
         mem.forget("u", secret.id)
         assert mem.stats("u").purge_pending and (data / "chroma" / MARKER).exists()
         assert _holding(tmp_path, "qx5512k3") == ["hm/chroma/chroma.sqlite3"]  # not yet
+        looked.set()
         _wait_purged(mem, "u")
         assert _holding(tmp_path, "qx5512k3") == []  # while the Memory stays open
         assert not (data / "chroma" / MARKER).exists()
@@ -171,14 +182,14 @@ def test_pruned_texts_leave_every_file(tmp_path: Path) -> None:
 
 
 KILLED_AFTER_FORGET = r"""
-import sys, time
+import sys, threading
 from hybridmem import Memory, Settings
 with Memory(Settings(data_dir=sys.argv[1], embedder="hash", purge_delay=3600)) as mem:
     secret = mem.add("u", "My safe code is Qk8086k3.")
     mem.add("u", "I like green tea.")
     mem.forget("u", secret.id)
     print("forgotten", flush=True)
-    time.sleep(600)
+    threading.Event().wait()  # until the test kills it
 """
 
 
@@ -200,19 +211,40 @@ def test_a_process_killed_after_forget_is_purged_at_the_next_open(tmp_path: Path
         assert [i.text for i in mem.list("u")] == ["I like green tea."]
 
 
-def test_erasures_within_the_delay_coalesce_into_one_purge(tmp_path: Path) -> None:
+class FrozenClock:
+    """``time.monotonic`` of hybridmem.chroma.purge, moved only by the test: a purge comes due
+    when the test says so, however fast or slow the machine runs the rest."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from hybridmem.chroma import purge
+
+        self.now = 1000.0
+        monkeypatch.setattr(purge, "time", self)
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _wait_done(compactor: Compactor) -> None:
+    deadline = time.monotonic() + 60  # only a hang reaches it
+    while compactor.pending:
+        assert time.monotonic() < deadline, "the purge never ran"
+        time.sleep(0.01)
+
+
+def test_erasures_within_the_delay_coalesce_into_one_purge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FrozenClock(monkeypatch)
     runs: list[float] = []
-    compactor = Compactor(lambda: runs.append(time.monotonic()), delay=0.3,
-                          marker=tmp_path / MARKER)
+    compactor = Compactor(lambda: runs.append(clock.now), delay=0.3, marker=tmp_path / MARKER)
     try:
-        start = time.monotonic()
         for _ in range(20):
             compactor.request()
-        assert compactor.pending and (tmp_path / MARKER).exists()
-        while compactor.pending:
-            assert time.monotonic() - start < 30
-            time.sleep(0.01)
-        assert len(runs) == 1 and runs[0] - start >= 0.3
+        assert compactor.pending and (tmp_path / MARKER).exists() and runs == []
+        clock.now += 0.3  # the delay after the first erasure is over: the thread's next look
+        _wait_done(compactor)
+        assert runs == [1000.3]  # one purge for the twenty, at the end of the delay
         assert not (tmp_path / MARKER).exists()
     finally:
         compactor.close()
@@ -226,29 +258,30 @@ def test_an_erasure_during_a_purge_gets_a_purge_of_its_own(tmp_path: Path) -> No
         runs.append(len(runs))
         if len(runs) == 1:
             started.set()
-            release.wait(10)
+            release.wait(60)
 
     compactor = Compactor(slow, delay=0.05, marker=tmp_path / MARKER)
     try:
         compactor.request()
-        assert started.wait(10)
+        assert started.wait(60)
         compactor.request()  # ends while the first purge runs: that one may not cover it
         release.set()
-        start = time.monotonic()
-        while compactor.pending:
-            assert time.monotonic() - start < 30
-            time.sleep(0.01)
+        _wait_done(compactor)
         assert len(runs) == 2
     finally:
         compactor.close()
 
 
-def test_the_compactor_never_runs_after_close(tmp_path: Path) -> None:
+def test_the_compactor_never_runs_after_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FrozenClock(monkeypatch)
     runs: list[int] = []
     compactor = Compactor(lambda: runs.append(1), delay=0.2, marker=tmp_path / MARKER)
     compactor.request()
     compactor.close()
-    time.sleep(0.4)
+    clock.now += 3600  # long due; close() stopped the thread
+    compactor.request()  # and an erasure after close() starts none
     assert runs == [] and compactor.pending  # the owner runs what is owed itself
     compactor.run()
     assert runs == [1] and not compactor.pending and not (tmp_path / MARKER).exists()
@@ -265,10 +298,7 @@ def test_a_failed_purge_stays_owed_and_is_retried(tmp_path: Path) -> None:
     compactor = Compactor(flaky, delay=0.05, marker=tmp_path / MARKER)
     try:
         compactor.request()
-        start = time.monotonic()
-        while compactor.pending:
-            assert time.monotonic() - start < 30
-            time.sleep(0.01)
+        _wait_done(compactor)
         assert len(calls) == 2
     finally:
         compactor.close()

@@ -1,16 +1,13 @@
-"""An import killed with SIGKILL at random moments leaves the user wholly before or wholly after
-it — memories, lexical index and graph alike — never half written: overwriting or not, on
-embedded Chroma and on a real `chroma run`."""
+"""An overwriting import killed with SIGKILL at each of its writes leaves the user wholly before or
+wholly after it — memories, lexical index and graph alike — never half overwritten."""
 
 from __future__ import annotations
 
 import json
-import random
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,42 +18,64 @@ from hybridmem.ops.bundle import IMPORT_FILE
 from hybridmem.graph import NetworkXGraphStore
 
 #: Two bundles over the same memory ids: "alpha" texts about Lyon, "beta" texts about Paris.
-#: The importer loads them in turn, each overwriting the other, until it is killed.
+#: The importer opens the data dir (which finishes a journaled import), loads one bundle over the
+#: other and pauses at one point of the import's writes, printing "paused <point>", so the test
+#: kills it exactly there; "-" imports nothing (the pause then lands in the recovery at open).
 IMPORTER = r"""
-import json, sys
+import json, sys, threading
 from hybridmem import Memory, Settings
+from hybridmem.chroma.vector import ChromaVectorStore
+from hybridmem.graph.store import NetworkXGraphStore
+from hybridmem.ops import bundle
+from hybridmem.sqlite.history import HistoryStore
+from hybridmem.sqlite.lexical import SqliteLexicalIndex
 
-data_dir, bundles, user, chroma_url = sys.argv[1], json.loads(open(sys.argv[2]).read()), \
-    sys.argv[3], sys.argv[4] or None
-settings = Settings(data_dir=data_dir, embedder="hash", extractor="rules", chroma_url=chroma_url)
-with Memory(settings) as mem:
-    print("ready", flush=True)
-    for n in range(1000):
-        name = "beta" if n % 2 == 0 else "alpha"
-        print("begin", name, flush=True)  # said before: a kill after it may or may not land
-        mem.import_(user, bundles[name], overwrite=True)
-        print("done", name, flush=True)
-"""
-#: One import (not overwriting) into an empty user, then a wait for the kill.
-FIRST_IMPORTER = r"""
-import json, sys, time
-from hybridmem import Memory, Settings
+data_dir, bundles, name, point = sys.argv[1], json.loads(open(sys.argv[2]).read()), *sys.argv[3:]
+calls = {}
 
-data_dir, bundle, user, chroma_url = sys.argv[1], json.loads(open(sys.argv[2]).read()), \
-    sys.argv[3], sys.argv[4] or None
-settings = Settings(data_dir=data_dir, embedder="hash", extractor="rules", chroma_url=chroma_url)
-with Memory(settings) as mem:
-    print("ready", flush=True)
-    mem.import_(user, bundle)
-    print("done", flush=True)
-    time.sleep(600)
+def pause(here):
+    calls[here] = calls.get(here, 0) + 1
+    if f"{here}@{calls[here]}" == point:
+        print("paused", point, flush=True)
+        threading.Event().wait()  # until the test's SIGKILL
+
+def after(cls, method):
+    real = getattr(cls, method)
+    def wrapped(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        pause(f"{cls.__name__}.{method}")
+        return result
+    setattr(cls, method, wrapped)
+
+for cls, method in ((ChromaVectorStore, "upsert"), (SqliteLexicalIndex, "add"),
+                    (NetworkXGraphStore, "import_graph"), (HistoryStore, "record")):
+    after(cls, method)
+write = bundle.atomic_write_bytes
+def journaled(path, data):
+    if path.name == bundle.IMPORT_FILE:
+        pause("before-journal")
+        write(path, data)
+        pause("after-journal")
+    else:
+        write(path, data)
+bundle.atomic_write_bytes = journaled
+with Memory(Settings(data_dir=data_dir, embedder="hash", extractor="rules")) as mem:
+    if name != "-":
+        mem.import_("u", bundles[name], overwrite=True)
+print("finished", flush=True)
 """
+#: Where a kill lands in an overwriting import (the N memories are three chunks, each written to
+#: the vectors then the lexical index; then the graph, then the history): before its journal is
+#: committed, then after each write; ``@n`` is the n-th call of that point in the process.
+KILL_POINTS = ["before-journal@1", "after-journal@1", "ChromaVectorStore.upsert@1",
+               "SqliteLexicalIndex.add@2", "ChromaVectorStore.upsert@3",
+               "NetworkXGraphStore.import_graph@1", "HistoryStore.record@1"]
 N = 600  # three import chunks
 CITY = {"alpha": "Lyon", "beta": "Paris"}
 
 
-def _settings(data_dir: Path, chroma_url: str | None = None) -> Settings:
-    return Settings(data_dir=data_dir, embedder="hash", extractor="rules", chroma_url=chroma_url)
+def _settings(data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir, embedder="hash", extractor="rules")
 
 
 def _bundles(data_dir: Path) -> dict[str, dict[str, Any]]:
@@ -73,116 +92,70 @@ def _bundles(data_dir: Path) -> dict[str, dict[str, Any]]:
     return {"alpha": alpha, "beta": json.loads(text)}
 
 
-def _state(mem: Memory, data_dir: Path, user: str = "u") -> str:
-    """Which bundle the user holds ("empty" for none), after checking that every store says the
-    same one. Server mode's lexical index is a cache of the memories' own collection (nothing
-    to tear), so the lexical file is read on embedded Chroma only."""
+def _state(mem: Memory, data_dir: Path) -> str:
+    """Which bundle the user holds, after checking that every store says the same one."""
     items: list[Any] = []
-    while page := mem.list(user, limit=1000, offset=len(items), include_superseded=True):
+    while page := mem.list("u", limit=1000, offset=len(items), include_superseded=True):
         items.extend(page)
-    assert list(data_dir.rglob(IMPORT_FILE)) == []  # finished, forward, on open
-    cited = {e.name.lower() for e in mem.entities(user) if e.memory_ids}
-    if not items:
-        assert cited == set() and mem.history(user) == [], "an empty user half written"
-        return "empty"
     names = {i.text.split()[0] for i in items}
     assert len(items) == N and len(names) == 1, f"half overwritten: {sorted(names)}"
     (name,) = names
-    if mem.settings.chroma_url is None:
-        (folder,) = [p for p in (data_dir / "users").iterdir() if p.is_dir()]  # the user's only
-        with sqlite3.connect(folder / "lexical.sqlite3") as conn:
-            indexed = dict(conn.execute(
-                "SELECT ids.id, docs.text FROM ids JOIN docs ON docs.rowid = ids.docid"))
-        assert set(indexed) == {i.id for i in items}
-        assert all(doc.split()[0] == name for doc in indexed.values()), "index half overwritten"
+    (folder,) = [p for p in (data_dir / "users").iterdir() if p.is_dir()]  # u's only
+    with sqlite3.connect(folder / "lexical.sqlite3") as conn:
+        indexed = dict(conn.execute(
+            "SELECT ids.id, docs.text FROM ids JOIN docs ON docs.rowid = ids.docid"))
+    assert set(indexed) == {i.id for i in items}
+    assert all(doc.split()[0] == name for doc in indexed.values()), "index half overwritten"
+    cited = {e.name.lower() for e in mem.entities("u") if e.memory_ids}
     assert CITY[name].lower() in cited
     other = next(n for n in CITY if n != name)
     assert CITY[other].lower() not in cited, "graph half overwritten"
-    assert {e.action for e in mem.history(user)} >= {"import"}
+    assert not (folder / IMPORT_FILE).exists()
     return name
 
 
-def _importer(script: str, data_dir: Path, bundles: Path, user: str, chroma_url: str | None,
-              errors: Path) -> subprocess.Popen[str]:
-    """Start ``script`` and wait until its Memory is open."""
+def _kill_at(data_dir: Path, bundles: Path, name: str, point: str, errors: Path) -> None:
+    """Run the importer until it pauses at ``point``, then SIGKILL it."""
     with errors.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", script, str(data_dir), str(bundles), user,
-                                 chroma_url or ""], stdout=subprocess.PIPE, stderr=stderr,
-                                text=True)
+        proc = subprocess.Popen([sys.executable, "-c", IMPORTER, str(data_dir), str(bundles),
+                                 name, point], stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", errors.read_text()
-    return proc
+    said: list[str] = []
+    for line in proc.stdout:  # until it pauses (or, if the point was never reached, ends)
+        said.append(line.strip())
+        if said[-1] in (f"paused {point}", "finished"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert said and said[-1] == f"paused {point}", (point, said[-3:], errors.read_text()[-2000:])
 
 
-def test_an_overwriting_import_killed_at_random_is_all_or_nothing(
-    tmp_path: Path, chroma_url: str | None, unique_user: str
-) -> None:
-    rng = random.Random(20261201)
+@pytest.mark.slow
+def test_an_overwriting_import_killed_at_each_write_is_all_or_nothing(tmp_path: Path) -> None:
+    """SIGKILL at each point of an overwriting import, paused there so the kill lands at that
+    point on any machine: before its journal the user keeps the old bundle, after it the next
+    open finishes the new one; never half of each."""
     data_dir = tmp_path / "hm"
     bundles = _bundles(tmp_path / "src")
     path = tmp_path / "bundles.json"
     path.write_text(json.dumps(bundles))
-    with Memory(_settings(data_dir, chroma_url)) as mem:
-        mem.import_(unique_user, bundles["alpha"])
-        started = time.monotonic()  # one overwriting import, timed on this machine now
-        mem.import_(unique_user, bundles["beta"], overwrite=True)
-        took = time.monotonic() - started
-        mem.import_(unique_user, bundles["alpha"], overwrite=True)
-        assert _state(mem, data_dir, unique_user) == "alpha"
-    seen = set()
-    previous = "alpha"
-    for trial in range(4):
-        proc = _importer(IMPORTER, data_dir, path, unique_user, chroma_url,
-                         tmp_path / f"importer-{trial}.err")
-        assert proc.stdout is not None
-        said = [proc.stdout.readline().split()]  # begin beta
-        if trial % 2:
-            said += [proc.stdout.readline().split() for _ in range(2)]  # done beta, begin alpha
-        # the kill lands 0.1 to 1.2 imports after that begin: inside it, or in the next one
-        time.sleep(took * (0.1 + 0.35 * trial + rng.uniform(0.0, 0.05)))
-        proc.send_signal(signal.SIGKILL)
-        said += [line.split() for line in proc.stdout.read().splitlines() if line.strip()]
-        proc.wait(timeout=60)
-        with Memory(_settings(data_dir, chroma_url)) as mem:
-            state = _state(mem, data_dir, unique_user)
-        seen.add(state)
-        # The last import acknowledged is there, unless the kill came after the next one began.
-        before = next((name for verb, name in reversed(said) if verb == "done"), previous)
-        allowed = {before} | ({said[-1][1]} if said and said[-1][0] == "begin" else set())
-        assert state in allowed, (trial, said[-3:], state)
-        previous = state
-    assert seen == {"alpha", "beta"}  # the kills landed at different points
-
-
-def test_a_first_import_killed_at_random_is_all_or_nothing(
-    tmp_path: Path, chroma_url: str | None, unique_user: str
-) -> None:
-    """An import without overwrite into an empty user: killed anywhere, the user is empty or
-    holds the whole bundle, in every store."""
-    rng = random.Random(20261204)
-    bundle = _bundles(tmp_path / "src")["alpha"]
-    path = tmp_path / "bundle.json"
-    path.write_text(json.dumps(bundle))
-    with Memory(_settings(tmp_path / "timing", chroma_url)) as mem:
-        started = time.monotonic()  # one import, timed on this machine
-        mem.import_(unique_user + "-timing", bundle)
-        took = time.monotonic() - started
-    seen = set()
-    for trial in range(4):
-        data_dir, user = tmp_path / f"hm-{trial}", f"{unique_user}-{trial}"
-        proc = _importer(FIRST_IMPORTER, data_dir, path, user, chroma_url,
-                         tmp_path / f"first-{trial}.err")
-        # the first kill comes as the import starts (before its commit point), the last after it
-        time.sleep(took * ((0.0, 0.05, 0.5, 1.4)[trial] + rng.uniform(0.0, 0.02)))
-        proc.send_signal(signal.SIGKILL)
-        assert proc.stdout is not None
-        done = "done" in proc.stdout.read().split()
-        proc.wait(timeout=60)
-        with Memory(_settings(data_dir, chroma_url)) as mem:
-            state = _state(mem, data_dir, user)
-        assert state == "alpha" if done else state in ("empty", "alpha"), (trial, state)
-        seen.add(state)
-    assert seen == {"empty", "alpha"}  # the kills landed before and after the commit point
+    with Memory(_settings(data_dir)) as mem:
+        mem.import_("u", bundles["alpha"])
+        assert _state(mem, data_dir) == "alpha"
+    state = "alpha"
+    for trial, point in enumerate(KILL_POINTS):
+        other = "beta" if state == "alpha" else "alpha"
+        _kill_at(data_dir, path, other, point, tmp_path / f"importer-{trial}.err")
+        with Memory(_settings(data_dir)) as mem:
+            got = _state(mem, data_dir)
+        assert got == (state if point == "before-journal@1" else other), (point, got)
+        state = got
+    # A kill during the recovery at the next open: that open's recovery is finished in turn.
+    other = "beta" if state == "alpha" else "alpha"
+    _kill_at(data_dir, path, other, "SqliteLexicalIndex.add@1", tmp_path / "import.err")
+    _kill_at(data_dir, path, "-", "ChromaVectorStore.upsert@2", tmp_path / "recovery.err")
+    with Memory(_settings(data_dir)) as mem:
+        assert _state(mem, data_dir) == other
 
 
 class _FullDisk(NetworkXGraphStore):

@@ -236,6 +236,7 @@ def _token(step: int) -> str:
     return f"Zq{step:03d}w7"
 
 
+@pytest.mark.slow
 @hsettings(max_examples=25, deadline=None, derandomize=True, phases=[Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(erasure_ops)

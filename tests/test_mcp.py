@@ -18,9 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-
-pytest.importorskip("mcp")
-
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client

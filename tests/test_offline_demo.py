@@ -127,6 +127,7 @@ def test_strace_sees_a_connect_when_there_is_one(tmp_path: Path) -> None:
     assert [c for c in _strace_connects(tmp_path, "-c", CONNECTS) if "AF_INET" in c]
 
 
+@pytest.mark.slow
 def test_demo_attempts_no_connection_at_syscall_level(tmp_path: Path) -> None:
     """Native code (onnxruntime, Chroma's Rust core) is invisible to audit hooks: check syscalls."""
     connects = _strace_connects(tmp_path, "-c", LINGER, str(tmp_path / "store"))

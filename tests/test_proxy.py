@@ -98,8 +98,8 @@ def user() -> str:
     return f"u-{uuid.uuid4().hex[:10]}"
 
 
-def eventually(check: Callable[[], bool], seconds: float = 10) -> None:
-    """Poll ``check`` until it holds, failing after ``seconds``."""
+def eventually(check: Callable[[], bool], seconds: float = 120) -> None:
+    """Poll ``check`` until it holds, failing after ``seconds`` (a hang, never a slow machine)."""
     deadline = time.monotonic() + seconds
     while not check():
         assert time.monotonic() < deadline, "not within the time"
@@ -305,18 +305,18 @@ def test_a_stream_the_upstream_cuts_ends_with_an_error_and_is_not_stored(
 
 
 def test_a_client_that_hangs_up_cancels_the_upstream_stream(proxy: Proxy, user: str) -> None:
-    words = " ".join(f"w{i}" for i in range(40))
+    """The upstream counts a stream cut only when its peer hangs up before the end: a proxy
+    that read the whole stream (60 s of it) would leave the count at 0."""
+    words = " ".join(f"w{i}" for i in range(600))
     proxy.wire.script(Reply.dripping(0.1, words))
     body = {"model": "gpt-4o-mini", "stream": True, "user": user,
             "messages": [{"role": "user", "content": "Talk slowly"}]}
-    started = time.monotonic()
     with proxy.http() as c, c.stream("POST", "/v1/chat/completions", json=body) as answer:
         assert answer.status_code == 200
         for line in answer.iter_lines():
             if line.startswith("data:") and "w1" in line:
                 break  # and hang up
-    eventually(lambda: proxy.wire.streams_cut == 1, seconds=3)
-    assert time.monotonic() - started < 3.5  # the whole stream would take over 4 s
+    eventually(lambda: proxy.wire.streams_cut == 1)
     proxy.drain()
     assert proxy.turns(user) == []
 

@@ -19,13 +19,17 @@ def test_concurrent_queries_share_model_calls_and_each_gets_its_own_vector() -> 
     model = HashEmbedder(dimension=32)
     calls: list[int] = []
 
-    def embed(texts: list[str]) -> list[list[float]]:  # a slow model: others queue meanwhile
+    queries = [f"question {n}" for n in range(12)]
+
+    def embed(texts: list[str]) -> list[list[float]]:
         calls.append(len(texts))
-        time.sleep(0.05)
+        deadline = time.monotonic() + 60  # only a hang reaches it
+        while len(calls) == 1 and len(batcher._queue) < len(queries) - 1:  # white-box
+            assert time.monotonic() < deadline, "the other queries never queued"
+            time.sleep(0.001)  # the first call runs until every other query waits behind it
         return model.embed_batch(texts)
 
     batcher = QueryBatcher(embed)
-    queries = [f"question {n}" for n in range(12)]
     got: dict[str, list[float]] = {}
     threads = [threading.Thread(target=lambda q=q: got.__setitem__(q, batcher(q)))
                for q in queries]
@@ -34,7 +38,7 @@ def test_concurrent_queries_share_model_calls_and_each_gets_its_own_vector() -> 
     for t in threads:
         t.join()
     assert got == {q: model.embed_batch([q])[0] for q in queries}
-    assert sum(calls) == 12 and len(calls) < 12  # batched, and every query embedded once
+    assert calls == [1, 11]  # the first alone, the eleven that queued meanwhile in one call
     assert batcher("alone") == model.embed_batch(["alone"])[0]  # no one to wait for
 
 

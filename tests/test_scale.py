@@ -22,6 +22,7 @@ N = 40_000
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [False, True], ids=["embedded", "cached"])
 def test_a_user_of_40k_memories_lists_and_loads_whole(tmp_path: Path, cached: bool) -> None:
     def open_store() -> ChromaVectorStore:

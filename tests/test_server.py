@@ -637,7 +637,7 @@ def _wait_for_chat_request(openai_server: OpenAIWireServer) -> None:
 def test_a_slow_request_of_one_user_holds_up_no_other_user(
     chat_service: Service, openai_server: OpenAIWireServer, unique_user: str
 ) -> None:
-    openai_server.script(Reply.slow(10))
+    openai_server.script(Reply.held_back())
     other = unique_user + "-other"
     with ThreadPoolExecutor(1) as pool, chat_service.client(key=None) as c:
         slow = pool.submit(c.post, f"/v1/users/{unique_user}/chat", json={"message": "hi"})
@@ -647,6 +647,7 @@ def test_a_slow_request_of_one_user_holds_up_no_other_user(
             found = d.post(f"/v1/users/{other}/context", json={"query": "where do I live?"})
         assert found.status_code == 200 and "Lyon" in found.json()["text"]
         assert not slow.done()  # the other user was answered while the slow chat was waiting
+        openai_server.release()
         assert slow.result().status_code == 200
 
 
@@ -655,7 +656,7 @@ def test_a_request_that_cannot_start_is_refused_before_it_runs(
 ) -> None:
     """With every slot taken, a request waits ``queue_timeout`` then gets 503 + Retry-After and
     has had no effect; /health is not gated; once the slot frees, the same request succeeds."""
-    openai_server.script(Reply.slow(5))
+    openai_server.script(Reply.held_back())
     app = create_app(AsyncMemory.from_memory(chat_service.memory), max_inflight=1,
                      queue_timeout=0.3)
     other = unique_user + "-other"
@@ -669,6 +670,7 @@ def test_a_request_that_cannot_start_is_refused_before_it_runs(
         assert refused.json()["error"]["type"] == "ServerBusy"
         assert c.get("/health").status_code == 200
         assert chat_service.memory.count(other) == 0
+        openai_server.release()
         assert slow.result().status_code == 200
         assert c.post(memories(other), json={"text": "Lives in Lyon"}).status_code == 201
 

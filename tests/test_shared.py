@@ -321,8 +321,8 @@ def test_two_memories_on_one_server_share_a_user(make_mem: Any, unique_user: str
     assert [h.item.id for h in b.search(unique_user, "U2723QE", limit=1)] == [item.id]
     a.update(unique_user, item.id, text="I bought the Dell U3223QE monitor")
     b.add(unique_user, "My ThinkPad pairs well with the Dell U3223QE monitor")
-    time.sleep(1.05)  # the default refresh_interval; the sweep (text edits) is forced below
-    b.refresh(unique_user)
+    for mem in (a, b):  # a check and a sweep (text edits) now, whatever the intervals
+        mem.refresh(unique_user)
     assert item.id in {h.item.id for h in b.search(unique_user, "U3223QE")}
     assert len(a.relations(unique_user)) == len(b.relations(unique_user)) == 2
     b.forget(unique_user, item.id)
@@ -405,6 +405,7 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_add_to_one_user_concurrently(chroma_server: str, tmp_path: Path,
                                                    unique_user: str) -> None:
     script = tmp_path / "worker.py"
@@ -476,6 +477,7 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_writing_conflicting_facts_keep_one_current_value(
     chroma_server: str, tmp_path: Path, unique_user: str
 ) -> None:

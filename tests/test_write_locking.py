@@ -19,7 +19,7 @@ from hybridmem import AsyncMemory, Memory, MemoryItem, Settings
 from hybridmem.models import to_request
 from hybridmem.offline import LocalEmbedder
 
-HANG = 120.0  # far beyond anything the test waits for: it ends when the server is reset
+HANG = 600.0  # the client never gives up first: a held-back reply ends when the server is reset
 
 
 def _llm_settings(make_settings: Callable[..., Settings], server: OpenAIWireServer) -> Settings:
@@ -30,7 +30,7 @@ def _llm_settings(make_settings: Callable[..., Settings], server: OpenAIWireServ
 def _hanging_add(mem: Memory, user: str, text: str, server: OpenAIWireServer
                  ) -> tuple[threading.Thread, list[MemoryItem]]:
     """Start an add whose extraction call hangs; return once the server holds that call."""
-    server.script(Reply.slow(HANG))
+    server.script(Reply.held_back())
     out: list[MemoryItem] = []
     thread = threading.Thread(target=lambda: out.append(mem.add(user, text)), daemon=True)
     thread.start()
@@ -72,7 +72,7 @@ async def test_async_writes_of_a_user_do_not_wait_for_its_hanging_model_call(
     next add of the user lands while the first one's extraction still hangs."""
     with Memory(_llm_settings(make_settings, openai_server), embedder=embedder) as mem:
         async with AsyncMemory.from_memory(mem) as amem, anyio.create_task_group() as tg:
-            openai_server.script(Reply.slow(HANG))
+            openai_server.script(Reply.held_back())
             tg.start_soon(amem.add, unique_user, "Ann lives in Berlin")
             with anyio.fail_after(60):
                 while not openai_server.requests:

@@ -108,9 +108,14 @@ class AccessLog:
                 )
                 self._worker.start()
 
+    def forced_after(self) -> float:
+        """Seconds a due write waits at most for a pause: :data:`ACCESS_WAIT`, or ``1 /
+        ACCESS_SHARE - 1`` times what the last write took when that is longer (the share)."""
+        return max(ACCESS_WAIT, self._spent * (1 / ACCESS_SHARE - 1))
+
     def _flush_in_background(self) -> None:
         try:
-            due = time.monotonic() + max(ACCESS_WAIT, self._spent * (1 / ACCESS_SHARE - 1))
+            due = time.monotonic() + self.forced_after()
             while (quiet := time.monotonic() - self._last) < ACCESS_IDLE and time.monotonic() < due:
                 if self._hurry.wait(min(ACCESS_IDLE - quiet, due - time.monotonic())):
                     return  # close() writes everything
