@@ -120,7 +120,7 @@ def _state(mem: Memory, data_dir: Path, user: str) -> str:
     while page := mem.list(user, limit=1000, offset=len(items), include_superseded=True):
         items.extend(page)
     folder = user_dir(data_dir, user, create=False)
-    assert not (folder / IMPORT_FILE).exists()  # finished, forward, on open
+    assert not (folder / IMPORT_FILE).exists(), "the open left the import unfinished"
     cited = {e.name.lower() for e in mem.entities(user) if e.memory_ids}
     imported = {e.memory_id for e in mem.history(user) if e.action == "import"}
     indexed: dict[str, str] = {}
@@ -133,7 +133,8 @@ def _state(mem: Memory, data_dir: Path, user: str) -> str:
         assert mem.history(user) == []
         return "empty"
     names = {i.text.split()[0] for i in items}
-    assert len(items) == N and len(names) == 1, f"half overwritten: {sorted(names)}"
+    assert len(names) == 1, f"half overwritten: {sorted(names)}"
+    assert len(items) == N, f"half imported: {len(items)} of {N} memories"
     (name,) = names
     if mem.settings.chroma_url is None:
         assert set(indexed) == {i.id for i in items}
