@@ -369,6 +369,21 @@ class NetworkXGraphStore:
             st.index()
             self._save(user_id, st)
 
+    def snapshot(self, user_id: str) -> bytes:
+        """The user's graph as the bytes of a ``graph.json``: for a store that keeps its
+        snapshots elsewhere (:mod:`hybridmem.replica.snapshot`) and hands them to :meth:`restore`."""
+        with self._locked(user_id):
+            return to_json_bytes(self._state(user_id).graph)
+
+    def restore(self, user_id: str, raw: bytes) -> None:
+        """Replace the user's graph with :meth:`snapshot` bytes, without saving (an in-memory
+        store's load); ValueError when they do not hold a graph."""
+        with self._locked(user_id), gc_paused():
+            g = from_json_bytes(raw)
+            st = self._state(user_id)
+            st.graph = g
+            st.index()
+
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""
         self._check_open()

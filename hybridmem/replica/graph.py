@@ -41,6 +41,7 @@ from hybridmem.models import (
     as_utc,
     utcnow,
 )
+from hybridmem.replica import snapshot
 from hybridmem.replica.sync import BATCH, ServerCache, UserSync, chunks
 
 if TYPE_CHECKING:
@@ -56,10 +57,17 @@ SCHEMA = 1
 #: separator is the right one even if an imported memory id contains it).
 SEP = "~"
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+#: Records added or removed past the last snapshot before the writer stores a new one: a first
+#: read replays at most about this many (see :func:`hybridmem.replica.snapshot.due`).
+SNAPSHOT_TAIL = 256
 
 
 def _memory_of(record_id: str) -> str:
     return record_id.rpartition(SEP)[0]
+
+
+def _snapshots(user_id: str) -> str:
+    return _chroma.collection_name(user_id, "snapshot")
 
 
 def _of_memories(memory_ids: Sequence[str]) -> Where:
@@ -135,6 +143,8 @@ class ChromaGraphStore(ServerCache):
                 raise
             self._cache.add_extractions(user_id, items, at=when, links=links)
             st.record_ids.update(ids)
+            st.since_snap += len(ids)
+            self._compact(user_id, st)
 
     def remove_memory(
         self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
@@ -152,6 +162,11 @@ class ChromaGraphStore(ServerCache):
             self._cache.remove_memory(user_id, mids)
             gone = set(mids)
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in gone}
+            st.since_snap += len(mids)
+            if erase:  # no snapshot may keep what a forgotten memory said
+                self._erase_from_snapshot(user_id, st, gone)
+            else:
+                self._compact(user_id, st)
 
     def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
         """Replace the user's graph with an export: it is split back into per-memory extractions
@@ -179,8 +194,11 @@ class ChromaGraphStore(ServerCache):
         st = self._state(user_id)
         with st.lock:
             self._handles.drop(self._name_of(user_id), user_id=user_id, what="delete the graph")
+            self._handles.drop(_snapshots(user_id), user_id=user_id,
+                               what="delete the graph snapshot")
             st.checked = None
             st.record_ids.clear()
+            st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
             self._cache.drop_user(user_id)
 
     def close(self) -> None:
@@ -199,12 +217,74 @@ class ChromaGraphStore(ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
+            if st.checked is None:  # a first look at the user: start from the snapshot
+                self._load_snapshot(user_id, st)
             remote = set(self._record_ids(user_id))
             gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
             st.checked = started
             return st
+
+    # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
+    def _load_snapshot(self, user_id: str, st: UserSync) -> None:
+        """Start the user's cache from the server's snapshot, if there is a usable one; the check
+        that follows replays only what it does not cover. Any failure: nothing is loaded, and the
+        check replays every record."""
+        try:
+            got = self._handles.run(_snapshots(user_id), snapshot.read, user_id=user_id,
+                                    what="read the graph snapshot")
+        except StorageError as exc:
+            log.warning("graph snapshot of a user not read (%s); replaying its records", exc)
+            return
+        if got is None:
+            return
+        try:
+            self._cache.restore(user_id, got.graph)
+        except ValueError as exc:  # InvalidInputError and JSON errors are ValueErrors
+            log.warning("ignoring graph snapshot %s (%s); replaying records", got.snap, exc)
+            self._cache.drop_user(user_id)
+            return
+        st.record_ids = set(got.covers)
+        st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
+
+    def _compact(self, user_id: str, st: UserSync, *, force: bool = False) -> None:
+        """Store a new snapshot when enough was written since the last (call with ``st.lock``
+        and, as every graph write, the user's lease held, so nobody writes meanwhile). The cache
+        is checked against the server first, so the snapshot is exactly the replay of the records
+        it covers. A failure is logged: a snapshot only saves work."""
+        if not force and not snapshot.due(st.since_snap, len(st.snap_covers),
+                                          minimum=SNAPSHOT_TAIL):
+            return
+        try:
+            self._sync(user_id, force=True)
+            covers = sorted(st.record_ids)
+            raw = self._cache.snapshot(user_id)
+            created: _chroma.CollectionMeta = {
+                "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
+            snap = self._handles.run(_snapshots(user_id),
+                                     lambda c: snapshot.write(c, covers, raw),
+                                     user_id=user_id, what="store the graph snapshot",
+                                     create=created)
+        except StorageError as exc:
+            log.warning("graph snapshot not stored (%s); readers replay more records", exc)
+            return
+        st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
+
+    def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
+        """After forgetting memories: rewrite the snapshot unless this process knows the
+        current one and it covers none of them (a forgotten memory's entities must not survive
+        in the server)."""
+        head = self._handles.run(_snapshots(user_id), lambda c: c.get(
+            ids=[snapshot.HEAD], include=["metadatas"]), user_id=user_id,
+            what="read the graph snapshot")
+        metas = head["metadatas"] or [] if head is not None else []
+        current = (metas[0] or {}).get("snap") if metas else None
+        if current is None:
+            return  # no snapshot: nothing to erase
+        known = current == st.snap and not any(_memory_of(r) in gone for r in st.snap_covers)
+        if not known:
+            self._compact(user_id, st, force=True)
 
     def _record_ids(self, user_id: str) -> list[str]:
         """The ids of the user's graph records in the server (the cheapest listing there is)."""
@@ -231,6 +311,7 @@ class ChromaGraphStore(ServerCache):
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in rebuild}
+        st.since_snap += len(new) + len(rebuild)
         for ts, rid, doc, prev in sorted(rows):  # write order, so every process replays alike
             try:
                 extraction = Extraction.model_validate_json(doc)

@@ -58,6 +58,11 @@ class UserSync:
     versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
     checked: float | None = None  # monotonic time of the last check's start
     swept: float | None = None  # lexical: last full comparison of texts
+    #: graph: the records of the server's snapshot this process last read or wrote (its id in
+    #: ``snap``), and how many records were added or removed since (see replica.snapshot)
+    snap: str | None = None
+    snap_covers: frozenset[str] = frozenset()
+    since_snap: int = 0
 
 
 class ServerCache:
