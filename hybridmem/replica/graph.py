@@ -217,13 +217,17 @@ class ChromaGraphStore(ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
+            marker = self._marker(user_id)
+            if marker is not None and marker == st.marker and st.checked is not None:
+                st.checked = started  # nobody took the lease since the last check: no change
+                return st
             if st.checked is None:  # a first look at the user: start from the snapshot
                 self._load_snapshot(user_id, st)
             remote = set(self._record_ids(user_id))
             gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
-            st.checked = started
+            st.checked, st.marker = started, marker
             return st
 
     # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
