@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import partial
@@ -95,6 +96,12 @@ class ChromaGraphStore(ServerCache):
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=partial(_chroma.collection_name, kind="graph"))
         self._cache = NetworkXGraphStore(None, focus=focus, session=session)
+        #: uploads that overlap with work on the cache: records, and (one at a time, in order)
+        #: snapshots, which a write never waits for
+        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hybridmem-graph")
+        self._snapshot_out = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="hybridmem-snapshot")
+        self._last_upload: Future[None] | None = None
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
@@ -126,22 +133,30 @@ class ChromaGraphStore(ServerCache):
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph", "schema": SCHEMA
         }
+        def store() -> None:
+            for lo in range(0, len(ids), BATCH):
+                hi = lo + BATCH
+                self._run(user_id, "store the graph", lambda c: c.upsert(
+                    ids=ids[lo:hi], documents=docs[lo:hi],
+                    embeddings=units[lo:hi], metadatas=metas[lo:hi],
+                ), create=created)
+
         with st.lock:
+            # the records travel while this thread resolves them into the cache (a 500-memory
+            # batch: ~1 s of each), then the write waits for both
+            upload = self._workers.submit(store)
             try:
-                for lo in range(0, len(ids), BATCH):
-                    hi = lo + BATCH
-                    self._run(user_id, "store the graph", lambda c: c.upsert(
-                        ids=ids[lo:hi], documents=docs[lo:hi],
-                        embeddings=units[lo:hi], metadatas=metas[lo:hi],
-                    ), create=created)
-            except StorageError:
+                self._cache.add_extractions(user_id, items, at=when, links=links)
+            finally:
+                failure = upload.exception()
+            if failure is not None:
+                self._restart(user_id, st)  # the cache holds what the server may not
                 try:  # best effort, so a failed add leaves no half-written batch
                     for part in chunks(ids):
                         self._run(user_id, "undo a graph write", lambda c: c.delete(ids=list(part)))
                 except StorageError:
                     log.warning("could not undo a failed graph write; checks replay what landed")
-                raise
-            self._cache.add_extractions(user_id, items, at=when, links=links)
+                raise failure
             st.record_ids.update(ids)
             st.since_snap += len(ids)
             self._compact(user_id, st)
@@ -194,6 +209,8 @@ class ChromaGraphStore(ServerCache):
         st = self._state(user_id)
         with st.lock:
             self._handles.drop(self._name_of(user_id), user_id=user_id, what="delete the graph")
+            if self._last_upload is not None:
+                self._last_upload.result()  # or it would store the snapshot again after the drop
             self._handles.drop(_snapshots(user_id), user_id=user_id,
                                what="delete the graph snapshot")
             st.checked = None
@@ -202,9 +219,19 @@ class ChromaGraphStore(ServerCache):
             self._cache.drop_user(user_id)
 
     def close(self) -> None:
-        """Forget the caches; idempotent. The server keeps everything."""
+        """Finish snapshot uploads under way, forget the caches; idempotent. The server keeps
+        everything."""
         if self._close():
+            self._snapshot_out.shutdown(wait=True)
+            self._workers.shutdown(wait=True)
             self._cache.close()
+
+    def _restart(self, user_id: str, st: UserSync) -> None:
+        """Drop the user's cache: the next read loads it again from the server."""
+        self._cache.drop_user(user_id)
+        st.record_ids = set()
+        st.checked = st.marker = None
+        st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
 
     # -- sync ------------------------------------------------------------------------------------
     def refresh(self, user_id: str) -> None:
@@ -262,23 +289,33 @@ class ChromaGraphStore(ServerCache):
             return
         try:
             self._sync(user_id, force=True)
-            covers = sorted(st.record_ids)
-            raw = self._cache.snapshot(user_id)
-            created: _chroma.CollectionMeta = {
-                "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
-            snap = self._handles.run(_snapshots(user_id),
-                                     lambda c: snapshot.write(c, covers, raw),
-                                     user_id=user_id, what="store the graph snapshot",
-                                     create=created)
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
             return
+        covers = sorted(st.record_ids)
+        raw = self._cache.snapshot(user_id)
+        snap = snapshot.new_id()
+        created: _chroma.CollectionMeta = {
+            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
+
+        def upload() -> None:  # taken from the cache now, stored while the writer goes on
+            try:
+                self._handles.run(_snapshots(user_id),
+                                  lambda c: snapshot.write(c, snap, covers, raw),
+                                  user_id=user_id, what="store the graph snapshot",
+                                  create=created)
+            except StorageError as exc:
+                log.warning("graph snapshot not stored (%s); readers replay more records", exc)
+
+        self._last_upload = self._snapshot_out.submit(upload)
         st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
 
     def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
         """After forgetting memories: rewrite the snapshot unless this process knows the
         current one and it covers none of them (a forgotten memory's entities must not survive
         in the server)."""
+        if self._last_upload is not None:
+            self._last_upload.result()  # a snapshot under way may hold them: let it land first
         head = self._handles.run(_snapshots(user_id), lambda c: c.get(
             ids=[snapshot.HEAD], include=["metadatas"]), user_id=user_id,
             what="read the graph snapshot")
@@ -289,6 +326,8 @@ class ChromaGraphStore(ServerCache):
         known = current == st.snap and not any(_memory_of(r) in gone for r in st.snap_covers)
         if not known:
             self._compact(user_id, st, force=True)
+            if self._last_upload is not None:
+                self._last_upload.result()  # erased before the forget returns
 
     def _record_ids(self, user_id: str) -> list[str]:
         """The ids of the user's graph records in the server (the cheapest listing there is)."""

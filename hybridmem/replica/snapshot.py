@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["HEAD", "PART_CHARS", "Snapshot", "due", "read", "write"]
+__all__ = ["HEAD", "PART_CHARS", "Snapshot", "due", "new_id", "read", "write"]
 
 log = logging.getLogger(__name__)
 #: The id of the record naming the current snapshot.
@@ -65,10 +65,14 @@ class Snapshot:
     graph: bytes
 
 
-def write(collection: Collection, covers: Sequence[str], graph: bytes) -> str:
-    """Store a snapshot of ``graph`` (``graph.json`` bytes) covering the record ids ``covers``;
-    returns its id. Parts first, then the head, then other snapshots' parts go (see module)."""
-    snap = uuid.uuid4().hex
+def new_id() -> str:
+    """A fresh snapshot id."""
+    return uuid.uuid4().hex
+
+
+def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes) -> None:
+    """Store snapshot ``snap`` of ``graph`` (``graph.json`` bytes) covering the record ids
+    ``covers``. Parts first, then the head, then other snapshots' parts go (see module)."""
     text = json.dumps(sorted(covers)) + "\n" + graph.decode("utf-8")
     pieces = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)] or [""]
     ids = [f"{snap}.{n}" for n in range(len(pieces))]
@@ -84,7 +88,6 @@ def write(collection: Collection, covers: Sequence[str], graph: bytes) -> str:
                   str | int | float | bool] = {"$ne": snap}
     others: Where = {"snap": differs}
     collection.delete(where=others)  # the head carries ``snap`` too: it stays
-    return snap
 
 
 def read(collection: Collection) -> Snapshot | None:
