@@ -40,12 +40,6 @@ def snapshots(url: str, user: str) -> Any:
     return _chroma.make_client(url=url).get_collection(_chroma.collection_name(user, "snapshot"))
 
 
-def landed(store: ChromaGraphStore) -> None:
-    """Wait for the store's snapshot upload under way (a write does not wait for it)."""
-    if store._last_upload is not None:
-        store._last_upload.result()
-
-
 def state(store: ChromaGraphStore, user: str) -> Any:
     return store._users[user_key(user)]  # white-box: which snapshot the cache started from
 
@@ -56,7 +50,6 @@ def test_a_first_read_loads_the_snapshot_and_replays_only_the_tail(
     writer = ChromaGraphStore(url=chroma_server, refresh_interval=0)
     for lo in range(0, SNAPSHOT_TAIL + 40, 20):
         writer.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(lo, lo + 20)])
-    landed(writer)
     head = snapshots(chroma_server, unique_user).get(ids=[snapshot.HEAD])["metadatas"][0]
     covered = int(head["covers"])
     assert SNAPSHOT_TAIL <= covered < SNAPSHOT_TAIL + 40  # stored once the tail reached the bound
@@ -84,7 +77,6 @@ def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
     items.append(("secret", Extraction(entities=[Entity(name="Zanzibar vault", type="place")],
                                        extractor="test")))
     writer.add_extractions(unique_user, items)
-    landed(writer)
     assert "zanzibar" in str(snapshots(chroma_server, unique_user).get()["documents"]).lower()
     other = ChromaGraphStore(url=chroma_server)  # a process that never saw this snapshot
     other.remove_memory(unique_user, ["secret"], erase=True)
@@ -100,7 +92,7 @@ def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
 def test_a_drop_deletes_the_snapshot(chroma_server: str, unique_user: str) -> None:
     store = ChromaGraphStore(url=chroma_server)
     store.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
-    store.drop_user(unique_user)  # with the snapshot's upload likely under way
+    store.drop_user(unique_user)
     names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
     assert _chroma.collection_name(unique_user, "snapshot") not in names
     store.close()
@@ -111,7 +103,6 @@ def test_an_unusable_snapshot_falls_back_to_replaying_every_record(
 ) -> None:
     writer = ChromaGraphStore(url=chroma_server)
     writer.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
-    landed(writer)
     col = snapshots(chroma_server, unique_user)
     snap = col.get(ids=[snapshot.HEAD])["metadatas"][0]["snap"]
     col.delete(ids=[f"{snap}.0"])  # a racing writer deleted a part
@@ -140,7 +131,6 @@ for n in range(start, start + 100_000, 8):
         relations=[Relation(subject=f"customer {i % 37}", predicate="bought",
                             object=f"gadget {i}")], extractor="test")) for i in range(n, n + 8)])
     store._compact(user, store._users[next(iter(store._users))], force=True)
-    store._last_upload.result()
     print(n, flush=True)
 """
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import partial
@@ -96,12 +96,8 @@ class ChromaGraphStore(ServerCache):
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=partial(_chroma.collection_name, kind="graph"))
         self._cache = NetworkXGraphStore(None, focus=focus, session=session)
-        #: uploads that overlap with work on the cache: records, and (one at a time, in order)
-        #: snapshots, which a write never waits for
+        #: uploads of graph records, which overlap with resolving them into the cache
         self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hybridmem-graph")
-        self._snapshot_out = ThreadPoolExecutor(max_workers=1,
-                                                thread_name_prefix="hybridmem-snapshot")
-        self._last_upload: Future[None] | None = None
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
@@ -209,8 +205,6 @@ class ChromaGraphStore(ServerCache):
         st = self._state(user_id)
         with st.lock:
             self._handles.drop(self._name_of(user_id), user_id=user_id, what="delete the graph")
-            if self._last_upload is not None:
-                self._last_upload.result()  # or it would store the snapshot again after the drop
             self._handles.drop(_snapshots(user_id), user_id=user_id,
                                what="delete the graph snapshot")
             st.checked = None
@@ -219,10 +213,8 @@ class ChromaGraphStore(ServerCache):
             self._cache.drop_user(user_id)
 
     def close(self) -> None:
-        """Finish snapshot uploads under way, forget the caches; idempotent. The server keeps
-        everything."""
+        """Forget the caches; idempotent. The server keeps everything."""
         if self._close():
-            self._snapshot_out.shutdown(wait=True)
             self._workers.shutdown(wait=True)
             self._cache.close()
 
@@ -283,7 +275,9 @@ class ChromaGraphStore(ServerCache):
         """Store a new snapshot when enough was written since the last (call with ``st.lock``
         and, as every graph write, the user's lease held, so nobody writes meanwhile). The cache
         is checked against the server first, so the snapshot is exactly the replay of the records
-        it covers. A failure is logged: a snapshot only saves work."""
+        it covers. It is stored before the write returns, so before the lease is released: a
+        snapshot stored later could land over a newer one written without a forgotten memory.
+        A failure is logged: a snapshot only saves work."""
         if not force and not snapshot.due(st.since_snap, len(st.snap_covers),
                                           minimum=SNAPSHOT_TAIL):
             return
@@ -297,25 +291,18 @@ class ChromaGraphStore(ServerCache):
         snap = snapshot.new_id()
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
-
-        def upload() -> None:  # taken from the cache now, stored while the writer goes on
-            try:
-                self._handles.run(_snapshots(user_id),
-                                  lambda c: snapshot.write(c, snap, covers, raw),
-                                  user_id=user_id, what="store the graph snapshot",
-                                  create=created)
-            except StorageError as exc:
-                log.warning("graph snapshot not stored (%s); readers replay more records", exc)
-
-        self._last_upload = self._snapshot_out.submit(upload)
+        try:
+            self._handles.run(_snapshots(user_id), lambda c: snapshot.write(c, snap, covers, raw),
+                              user_id=user_id, what="store the graph snapshot", create=created)
+        except StorageError as exc:
+            log.warning("graph snapshot not stored (%s); readers replay more records", exc)
+            return
         st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
 
     def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
         """After forgetting memories: rewrite the snapshot unless this process knows the
         current one and it covers none of them (a forgotten memory's entities must not survive
         in the server)."""
-        if self._last_upload is not None:
-            self._last_upload.result()  # a snapshot under way may hold them: let it land first
         head = self._handles.run(_snapshots(user_id), lambda c: c.get(
             ids=[snapshot.HEAD], include=["metadatas"]), user_id=user_id,
             what="read the graph snapshot")
@@ -326,8 +313,6 @@ class ChromaGraphStore(ServerCache):
         known = current == st.snap and not any(_memory_of(r) in gone for r in st.snap_covers)
         if not known:
             self._compact(user_id, st, force=True)
-            if self._last_upload is not None:
-                self._last_upload.result()  # erased before the forget returns
 
     def _record_ids(self, user_id: str) -> list[str]:
         """The ids of the user's graph records in the server (the cheapest listing there is)."""
