@@ -329,16 +329,19 @@ class Load:
             return [self.user_id(u) for u in self.truth
                     if len({repr(self.answers(client, w, u)) for w in self.cluster}) != 1]
 
-    def converge(self, timeout: float = 60.0) -> tuple[float, float] | None:
-        """Passes over every user, asking every worker, until one finds all workers agreeing:
-        (seconds from the call to the start of that pass, how long the pass took), or None when
-        none did within ``timeout``. The workers converged at most ``sum`` after the call."""
+    def converge(self, timeout: float = 300.0) -> tuple[float, int] | None:
+        """Ask every worker about every user, then again about the users they disagree on, until
+        none is left: (seconds from the call until the last user's answers agreed, passes), or
+        None when some still disagree after ``timeout``. Each pass takes time itself (a first
+        request for a user loads it), so the figure is an upper bound."""
         started = time.monotonic()
+        pending = list(self.truth)
+        passes = 0
         with httpx.Client(timeout=120) as client:
-            while time.monotonic() - started < timeout:
-                begun = time.monotonic()
-                if all(len({repr(self.answers(client, w, u)) for w in self.cluster}) == 1
-                       for u in self.truth):
-                    return begun - started, time.monotonic() - begun
-                time.sleep(0.2)
-        return None
+            while pending and time.monotonic() - started < timeout:
+                passes += 1
+                pending = [u for u in pending
+                           if len({repr(self.answers(client, w, u)) for w in self.cluster}) != 1]
+                if pending:
+                    time.sleep(0.2)
+        return None if pending else (time.monotonic() - started, passes)
