@@ -308,13 +308,15 @@ class Load:
         return out
 
     def answers(self, client: httpx.Client, w: Worker, u: int) -> Any:
-        """What a worker answers for user ``u``: its graph relations (keys, predicate,
-        memories) and a search's hits with their lexical and graph signals."""
+        """What a worker answers for user ``u`` from what it caches: its graph relations (keys,
+        predicate, memories) and a search's hits with their lexical and graph signals."""
         uid = self.user_id(u)
         rels = client.get(f"{w.url}/v1/users/{uid}/relations")
+        # min_score 0: every memory the signals find, whatever its score, since a score moves
+        # with recency and with access counts, which each search (this one too) adds to
         hits = client.post(f"{w.url}/v1/users/{uid}/search",
                            json={"query": f"Customer{u} bought a Dell monitor in Lyon",
-                                 "limit": 50})
+                                 "limit": 50, "min_score": 0.0})
         if rels.status_code != 200 or hits.status_code != 200:
             return ("error", rels.status_code, hits.status_code)
         relations = sorted((r["subject_key"], r["predicate"], r["object_key"],
@@ -326,8 +328,12 @@ class Load:
     def disagreements(self) -> list[str]:
         """One pass: the users for whom the workers' answers differ."""
         with httpx.Client(timeout=120) as client:
-            return [self.user_id(u) for u in self.truth
-                    if len({repr(self.answers(client, w, u)) for w in self.cluster}) != 1]
+            return [self.user_id(u) for u in self.truth if not self._agree(client, u)]
+
+    def _agree(self, client: httpx.Client, u: int) -> bool:
+        """Whether every worker answered, and alike."""
+        seen = {repr(self.answers(client, w, u)) for w in self.cluster}
+        return len(seen) == 1 and not next(iter(seen)).startswith("('error'")
 
     def converge(self, timeout: float = 300.0) -> tuple[float, int] | None:
         """Ask every worker about every user, then again about the users they disagree on, until
@@ -340,8 +346,7 @@ class Load:
         with httpx.Client(timeout=120) as client:
             while pending and time.monotonic() - started < timeout:
                 passes += 1
-                pending = [u for u in pending
-                           if len({repr(self.answers(client, w, u)) for w in self.cluster}) != 1]
+                pending = [u for u in pending if not self._agree(client, u)]
                 if pending:
                     time.sleep(0.2)
         return None if pending else (time.monotonic() - started, passes)
