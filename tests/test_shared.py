@@ -189,6 +189,16 @@ def test_in_memory_networkx_store_writes_no_files(tmp_path: Path, monkeypatch: p
     assert list(tmp_path.iterdir()) == [] and "data_dir=None" in repr(store)
 
 
+def test_an_in_memory_store_keeps_every_user_past_max_open() -> None:
+    # with no file to load a user back from, evicting one would empty its graph for good (a
+    # server-mode worker that served more users than max_open answered without their graphs)
+    store = NetworkXGraphStore(None, max_open=2)
+    for user in ("u1", "u2", "u3", "u4"):
+        store.add_extraction(user, "m1", ex((f"{user} person", "bought", "ROG laptop")))
+    assert [len(store.relations(u)) for u in ("u1", "u2", "u3", "u4")] == [1, 1, 1, 1]
+    store.close()
+
+
 # -- ChromaLexicalIndex ------------------------------------------------------------------------
 
 @pytest.fixture

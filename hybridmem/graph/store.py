@@ -184,8 +184,10 @@ class NetworkXGraphStore:
             self._load(st)
             with self._lock:
                 self._users[key] = st
-                # the least recently used go first; never one with unsaved changes or in use
-                idle = [k for k in self._users if k not in self._dirty and not self._busy.busy(k)]
+                # the least recently used go first; never one with unsaved changes or in use,
+                # and none in memory only (no file to load it back from)
+                idle = [] if self.data_dir is None else [
+                    k for k in self._users if k not in self._dirty and not self._busy.busy(k)]
                 for old in idle:
                     if len(self._users) <= self.max_open:
                         break
