@@ -148,7 +148,7 @@ def _open(
     if s.chroma_url and client is not None:  # dedup and supersession across processes
         from hybridmem.replica.lease import ChromaLeases
 
-        leases = ChromaLeases(client)
+        leases = ChromaLeases(client, ttl=s.lease_ttl)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases)
 

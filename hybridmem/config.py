@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     chroma_url: str | None = Field(
         default=None, description="Chroma server URL (http://host:port); embedded when unset."
     )
+    lease_ttl: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="Server mode: seconds a user's write lease lasts without renewal, so how long "
+        "that user's writes wait after its holder died mid-write (a holder must finish a batch "
+        "within it).",
+    )
 
     # endpoint (chat, extraction, embeddings)
     base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint URL.")

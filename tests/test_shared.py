@@ -189,6 +189,16 @@ def test_in_memory_networkx_store_writes_no_files(tmp_path: Path, monkeypatch: p
     assert list(tmp_path.iterdir()) == [] and "data_dir=None" in repr(store)
 
 
+def test_an_in_memory_store_keeps_every_user_past_max_open() -> None:
+    # with no file to load a user back from, evicting one would empty its graph for good (a
+    # server-mode worker that served more users than max_open answered without their graphs)
+    store = NetworkXGraphStore(None, max_open=2)
+    for user in ("u1", "u2", "u3", "u4"):
+        store.add_extraction(user, "m1", ex((f"{user} person", "bought", "ROG laptop")))
+    assert [len(store.relations(u)) for u in ("u1", "u2", "u3", "u4")] == [1, 1, 1, 1]
+    store.close()
+
+
 # -- ChromaLexicalIndex ------------------------------------------------------------------------
 
 @pytest.fixture
@@ -518,3 +528,42 @@ def test_two_processes_writing_conflicting_facts_keep_one_current_value(
     assert a["history"] == b["history"]  # one history, shared through the server
     assert ids <= {m for m, action in a["history"] if action == "add"}
     assert sum(1 for _, action in a["history"] if action == "supersede") == 2 * (2 * n - 1)
+
+
+# -- checks cost O(changes): a check whose lease marker did not move lists nothing ----------------
+
+def test_a_check_lists_records_only_after_someone_took_the_lease(
+    chroma_server: str, vectors: ChromaVectorStore, unique_user: str
+) -> None:
+    from hybridmem.replica.lease import ChromaLeases
+
+    client = _chroma.make_client(url=chroma_server)
+    leases = ChromaLeases(client)
+    writer = ChromaGraphStore(url=chroma_server)
+    lexical = ChromaLexicalIndex(url=chroma_server)
+    reader = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    words = ChromaLexicalIndex(url=chroma_server, refresh_interval=0, sweep_interval=0)
+
+    def written(action: Any) -> None:  # a write as Memory makes it: under the user's lease
+        lease = leases.acquire(unique_user)
+        try:
+            action()
+        finally:
+            leases.release(lease)
+
+    written(lambda: writer.add_extraction(unique_user, "m1", ex(("alice", "bought", "laptop"))))
+    written(lambda: put(vectors, lexical, unique_user, {"m1": "alice bought a laptop"}))
+    assert [r.memory_ids for r in reader.relations(unique_user)] == [["m1"]]
+    assert [i for i, _ in words.search(unique_user, "laptop", limit=5)] == ["m1"]
+    # records written around the lease (nothing in hybridmem does) stay unseen: checks and
+    # sweeps (every time here) end at the unchanged lease
+    writer.add_extraction(unique_user, "m2", ex(("bob", "bought", "mouse")))
+    put(vectors, lexical, unique_user, {"m1": "alice bought a keyboard"})
+    assert [r.memory_ids for r in reader.relations(unique_user)] == [["m1"]]
+    assert words.search(unique_user, "keyboard", limit=5) == []
+    written(lambda: None)  # anyone taking the lease: the next check lists, the next sweep reads
+    assert [r.memory_ids for r in reader.relations(unique_user)] == [["m1"], ["m2"]]
+    assert [i for i, _ in words.search(unique_user, "keyboard", limit=5)] == ["m1"]
+    for store in (writer, lexical, reader, words):
+        store.close()
+    leases.drop_user(unique_user)

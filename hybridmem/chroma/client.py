@@ -131,11 +131,12 @@ COLLECTION_PREFIXES: dict[str, str] = {
     "graph": "g-",  # server mode: one record per extraction, the graph's source of truth
     "history": "h-",  # server mode: the history log
     "lease": "l-",  # server mode: the user's write lease and journal
+    "snapshot": "s-",  # server mode: a compacted copy of the graph records (replica.snapshot)
 }
 #: Prefix of a collection being rebuilt (a torn index repaired, or moved to another embedder);
 #: the staging copy of collection ``n`` is ``STAGING + n``.
 STAGING = "r-"
-CollectionKind = Literal["memories", "archive", "graph", "history", "lease"]
+CollectionKind = Literal["memories", "archive", "graph", "history", "lease", "snapshot"]
 
 
 def collection_name(user_id: str, kind: CollectionKind = "memories", *,

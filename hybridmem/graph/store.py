@@ -190,8 +190,10 @@ class NetworkXGraphStore:
             self._load(st)
             with self._lock:
                 self._users[key] = st
-                # the least recently used go first; never one with unsaved changes or in use
-                idle = [k for k in self._users if k not in self._dirty and not self._busy.busy(k)]
+                # the least recently used go first; never one with unsaved changes or in use,
+                # and none in memory only (no file to load it back from)
+                idle = [] if self.data_dir is None else [
+                    k for k in self._users if k not in self._dirty and not self._busy.busy(k)]
                 for old in idle:
                     if len(self._users) <= self.max_open:
                         break
@@ -381,6 +383,21 @@ class NetworkXGraphStore:
             st.graph = g
             st.index()
             self._save(user_id, st)
+
+    def snapshot(self, user_id: str) -> bytes:
+        """The user's graph as the bytes of a ``graph.json``: for a store that keeps its
+        snapshots elsewhere (:mod:`hybridmem.replica.snapshot`) and hands them to :meth:`restore`."""
+        with self._locked(user_id):
+            return to_json_bytes(self._state(user_id).graph)
+
+    def restore(self, user_id: str, raw: bytes) -> None:
+        """Replace the user's graph with :meth:`snapshot` bytes, without saving (an in-memory
+        store's load); ValueError when they do not hold a graph."""
+        with self._locked(user_id), gc_paused():
+            g = from_json_bytes(raw)
+            st = self._state(user_id)
+            st.graph = g
+            st.index()
 
     def drop_user(self, user_id: str) -> None:
         """Delete the user's graph file and forget the cached graph."""

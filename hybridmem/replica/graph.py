@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import partial
@@ -42,6 +43,7 @@ from hybridmem.models import (
     as_utc,
     utcnow,
 )
+from hybridmem.replica import snapshot
 from hybridmem.replica.sync import BATCH, ServerCache, UserSync, chunks
 
 if TYPE_CHECKING:
@@ -57,10 +59,17 @@ SCHEMA = 1
 #: separator is the right one even if an imported memory id contains it).
 SEP = "~"
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+#: Records added or removed past the last snapshot before the writer stores a new one: a first
+#: read replays at most about this many (see :func:`hybridmem.replica.snapshot.due`).
+SNAPSHOT_TAIL = 256
 
 
 def _memory_of(record_id: str) -> str:
     return record_id.rpartition(SEP)[0]
+
+
+def _snapshots(user_id: str) -> str:
+    return _chroma.collection_name(user_id, "snapshot")
 
 
 def _of_memories(memory_ids: Sequence[str]) -> Where:
@@ -88,6 +97,8 @@ class ChromaGraphStore(ServerCache):
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=partial(_chroma.collection_name, kind="graph"))
         self._cache = NetworkXGraphStore(None, focus=focus, session=session)
+        #: uploads of graph records, which overlap with resolving them into the cache
+        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hybridmem-graph")
 
     # -- writes ----------------------------------------------------------------------------------
     def add_extraction(self, user_id: str, memory_id: str, extraction: Extraction, *,
@@ -119,23 +130,33 @@ class ChromaGraphStore(ServerCache):
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph", "schema": SCHEMA
         }
+        def store() -> None:
+            for lo in range(0, len(ids), BATCH):
+                hi = lo + BATCH
+                self._run(user_id, "store the graph", lambda c: c.upsert(
+                    ids=ids[lo:hi], documents=docs[lo:hi],
+                    embeddings=units[lo:hi], metadatas=metas[lo:hi],
+                ), create=created)
+
         with st.lock:
+            # the records travel while this thread resolves them into the cache (a 500-memory
+            # batch: ~1 s of each), then the write waits for both
+            upload = self._workers.submit(store)
             try:
-                for lo in range(0, len(ids), BATCH):
-                    hi = lo + BATCH
-                    self._run(user_id, "store the graph", lambda c: c.upsert(
-                        ids=ids[lo:hi], documents=docs[lo:hi],
-                        embeddings=units[lo:hi], metadatas=metas[lo:hi],
-                    ), create=created)
-            except StorageError:
+                self._cache.add_extractions(user_id, items, at=when, links=links)
+            finally:
+                failure = upload.exception()
+            if failure is not None:
+                self._restart(user_id, st)  # the cache holds what the server may not
                 try:  # best effort, so a failed add leaves no half-written batch
                     for part in chunks(ids):
                         self._run(user_id, "undo a graph write", lambda c: c.delete(ids=list(part)))
                 except StorageError:
                     log.warning("could not undo a failed graph write; checks replay what landed")
-                raise
-            self._cache.add_extractions(user_id, items, at=when, links=links)
+                raise failure
             st.record_ids.update(ids)
+            st.since_snap += len(ids)
+            self._compact(user_id, st)
 
     def remove_memory(
         self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
@@ -153,6 +174,11 @@ class ChromaGraphStore(ServerCache):
             self._cache.remove_memory(user_id, mids)
             gone = set(mids)
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in gone}
+            st.since_snap += len(mids)
+            if erase:  # no snapshot may keep what a forgotten memory said
+                self._erase_from_snapshot(user_id, st, gone)
+            else:
+                self._compact(user_id, st)
 
     def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
         """Replace the user's graph with an export: it is split back into per-memory extractions
@@ -180,14 +206,25 @@ class ChromaGraphStore(ServerCache):
         st = self._state(user_id)
         with st.lock:
             self._handles.drop(self._name_of(user_id), user_id=user_id, what="delete the graph")
+            self._handles.drop(_snapshots(user_id), user_id=user_id,
+                               what="delete the graph snapshot")
             st.checked = None
             st.record_ids.clear()
+            st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
             self._cache.drop_user(user_id)
 
     def close(self) -> None:
         """Forget the caches; idempotent. The server keeps everything."""
         if self._close():
+            self._workers.shutdown(wait=True)
             self._cache.close()
+
+    def _restart(self, user_id: str, st: UserSync) -> None:
+        """Drop the user's cache: the next read loads it again from the server."""
+        self._cache.drop_user(user_id)
+        st.record_ids = set()
+        st.checked = st.marker = None
+        st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
 
     # -- sync ------------------------------------------------------------------------------------
     def refresh(self, user_id: str) -> None:
@@ -200,12 +237,83 @@ class ChromaGraphStore(ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
+            marker = self._marker(user_id)
+            if marker is not None and marker == st.marker and st.checked is not None:
+                st.checked = started  # nobody took the lease since the last check: no change
+                return st
+            if st.checked is None:  # a first look at the user: start from the snapshot
+                self._load_snapshot(user_id, st)
             remote = set(self._record_ids(user_id))
             gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
-            st.checked = started
+            st.checked, st.marker = started, marker
             return st
+
+    # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
+    def _load_snapshot(self, user_id: str, st: UserSync) -> None:
+        """Start the user's cache from the server's snapshot, if there is a usable one; the check
+        that follows replays only what it does not cover. Any failure: nothing is loaded, and the
+        check replays every record."""
+        try:
+            got = self._handles.run(_snapshots(user_id), snapshot.read, user_id=user_id,
+                                    what="read the graph snapshot")
+        except StorageError as exc:
+            log.warning("graph snapshot of a user not read (%s); replaying its records", exc)
+            return
+        if got is None:
+            return
+        try:
+            self._cache.restore(user_id, got.graph)
+        except ValueError as exc:  # InvalidInputError and JSON errors are ValueErrors
+            log.warning("ignoring graph snapshot %s (%s); replaying records", got.snap, exc)
+            self._cache.drop_user(user_id)
+            return
+        st.record_ids = set(got.covers)
+        st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
+
+    def _compact(self, user_id: str, st: UserSync, *, force: bool = False) -> None:
+        """Store a new snapshot when enough was written since the last (call with ``st.lock``
+        and, as every graph write, the user's lease held, so nobody writes meanwhile). The cache
+        is checked against the server first, so the snapshot is exactly the replay of the records
+        it covers. It is stored before the write returns, so before the lease is released: a
+        snapshot stored later could land over a newer one written without a forgotten memory.
+        A failure is logged: a snapshot only saves work."""
+        if not force and not snapshot.due(st.since_snap, len(st.snap_covers),
+                                          minimum=SNAPSHOT_TAIL):
+            return
+        try:
+            self._sync(user_id, force=True)
+        except StorageError as exc:
+            log.warning("graph snapshot not stored (%s); readers replay more records", exc)
+            return
+        covers = sorted(st.record_ids)
+        raw = self._cache.snapshot(user_id)
+        snap = snapshot.new_id()
+        created: _chroma.CollectionMeta = {
+            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
+        try:
+            self._handles.run(_snapshots(user_id), lambda c: snapshot.write(c, snap, covers, raw),
+                              user_id=user_id, what="store the graph snapshot", create=created)
+        except StorageError as exc:
+            log.warning("graph snapshot not stored (%s); readers replay more records", exc)
+            return
+        st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
+
+    def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
+        """After forgetting memories: rewrite the snapshot unless this process knows the
+        current one and it covers none of them (a forgotten memory's entities must not survive
+        in the server)."""
+        head = self._handles.run(_snapshots(user_id), lambda c: c.get(
+            ids=[snapshot.HEAD], include=["metadatas"]), user_id=user_id,
+            what="read the graph snapshot")
+        metas = head["metadatas"] or [] if head is not None else []
+        current = (metas[0] or {}).get("snap") if metas else None
+        if current is None:
+            return  # no snapshot: nothing to erase
+        known = current == st.snap and not any(_memory_of(r) in gone for r in st.snap_covers)
+        if not known:
+            self._compact(user_id, st, force=True)
 
     def _record_ids(self, user_id: str) -> list[str]:
         """The ids of the user's graph records in the server (the cheapest listing there is)."""
@@ -232,6 +340,7 @@ class ChromaGraphStore(ServerCache):
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in rebuild}
+        st.since_snap += len(new) + len(rebuild)
         for ts, rid, doc, prev in sorted(rows):  # write order, so every process replays alike
             try:
                 extraction = Extraction.model_validate_json(doc)

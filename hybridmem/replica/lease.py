@@ -17,13 +17,16 @@ same owner: one winner, decided by the server.
 not expired it waits (polling) ; otherwise it ``add``\\ s the next number with its token and
 reads back: it holds the lease when its token is there and no higher slot exists (a process that
 read a stale listing can only insert a number below the last, and so loses). Slots below the
-holder's are deleted. Releasing marks the slot free.
+holder's are deleted once :data:`STALE_SLOTS` accrue or one carries an intent. Releasing marks the
+slot free.
 
 **The journal** (server mode): before the first store write of a batch, its intent (see
 :mod:`hybridmem.write.journal`) is written into the holder's slot — also renewing the lease, after
-checking it is still the holder's — and cleared after the last. A holder killed mid-batch leaves
-its slot held with the intent; once the lease expires (:data:`LEASE_TTL`), the next process to win
-a slot copies that intent into its own slot (so a second crash loses nothing) and finishes it —
+checking it is still the holder's — and cleared after the last (by the release, when it follows
+at once: a holder killed in between leaves a finished batch, which is finished again). A holder
+killed mid-batch leaves its slot held with the intent; once the lease expires (:data:`LEASE_TTL`),
+the next process to win a slot copies that intent into its own slot (so a second crash loses
+nothing) and finishes it —
 forward when the batch's vectors landed, back when not — before doing anything else. Any process
 can do it: nothing of the journal is on a local disk.
 
@@ -60,6 +63,9 @@ log = logging.getLogger(__name__)
 LEASE_TTL = 30.0
 #: Seconds between two looks at a lease another process holds.
 POLL = 0.02
+#: Slots below the holder's that a taker leaves before deleting them (reading a few more slots
+#: costs nothing; each delete is a write).
+STALE_SLOTS = 8
 #: Users whose last lease owner a process remembers.
 MAX_REMEMBERED = 4096
 _UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched
@@ -145,7 +151,9 @@ class ChromaLeases:
             ))
             if self._holds(user_id, mine, owner):
                 stale = [_slot(n) for n in slots if n < mine]
-                if stale:
+                # tidied now and then (a write less per lease), and at once when one carries an
+                # intent, which may quote memory texts
+                if len(stale) >= STALE_SLOTS or any(slots[n][1] for n in slots if n < mine):
                     self._run(user_id, "tidy the write lease", lambda c: c.delete(ids=stale))
                 if orphan:
                     log.warning("taking over the write lease of a process that died mid-write")
@@ -167,6 +175,11 @@ class ChromaLeases:
         """Write a batch's intent into the lease (``""`` clears it) and renew the lease; raises
         :class:`StorageError` if another process took it meanwhile (nothing is written then)."""
         renewed = time.monotonic()
+        if not intent and renewed - lease.renewed <= self.ttl / 4:
+            # the release, which follows, empties the slot anyway: one write less per batch. A
+            # holder killed in between leaves the intent, and its next holder finishes the batch
+            # again, which is safe: every step of it is idempotent (hybridmem.write.journal).
+            return
         # within half its lifetime of the last renewal nobody can have taken it: skip the check
         if renewed - lease.renewed > self.ttl / 2 and not self._holds(
                 lease.user_id, lease.slot, lease.owner):

@@ -96,6 +96,14 @@ class ChromaLexicalIndex(ServerCache):
             sweep = force or st.swept is None or started - st.swept >= self.sweep_interval
             if not sweep and not self._due(st, False):
                 return st
+            marker = self._marker(user_id)  # unchanged: nobody wrote since (see replica.sync)
+            if marker is not None and st.checked is not None and not force:
+                if sweep and marker == st.swept_marker:
+                    st.checked = st.swept = started  # no text can have changed since the sweep
+                    return st
+                if not sweep and marker == st.marker:
+                    st.checked = started
+                    return st
             changed: dict[str, str] = {}
             if sweep:
                 texts = self._documents(user_id, None)
@@ -112,9 +120,9 @@ class ChromaLexicalIndex(ServerCache):
                 self.delete(user_id, gone)
             if changed:
                 self.add(user_id, list(changed), list(changed.values()))
-            st.checked = started
+            st.checked, st.marker = started, marker
             if sweep:
-                st.swept = started
+                st.swept, st.swept_marker = started, marker
             return st
 
     def _documents(self, user_id: str, ids: Sequence[str] | None) -> dict[str, str]:

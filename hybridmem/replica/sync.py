@@ -6,9 +6,11 @@ derives from records in the one Chroma server (:mod:`hybridmem.replica.graph`,
 :mod:`hybridmem.replica.lexical`). Writes only add or delete records, never read-modify-write a
 shared blob, so no process overwrites another's update. A process sees its own writes at once and
 other processes' adds and deletes at its next *check*, which runs before a read at most every
-``refresh_interval`` seconds (``refresh()`` forces one). A check lists record ids only, the
-cheapest thing Chroma serves (measured on one ``chroma run``: 10k ids in ~20 ms, their metadata in
-~1.3 s), so a change must show in the ids, or be found by a slower comparison now and then.
+``refresh_interval`` seconds (``refresh()`` forces one). A check first reads the user's lease
+slots (:meth:`ServerCache._marker`): when no process took the lease since the last check, nothing
+was written and the check ends there. Otherwise it lists record ids only, the cheapest listing
+Chroma serves (measured on one ``chroma run``: 10k ids in ~20 ms, their metadata in ~1.3 s), so a
+change must show in the ids, or be found by a slower comparison now and then.
 
 - :class:`ServerCache` — the client, each user's state, when a check is due, and collection
   handles that survive another process dropping and re-creating a collection.
@@ -58,6 +60,15 @@ class UserSync:
     versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
     checked: float | None = None  # monotonic time of the last check's start
     swept: float | None = None  # lexical: last full comparison of texts
+    #: graph: the records of the server's snapshot this process last read or wrote (its id in
+    #: ``snap``), and how many records were added or removed since (see replica.snapshot)
+    #: the user's lease slots as the last check saw them while every slot was free (None:
+    #: unknown, or a write was under way), and as the last lexical sweep saw them
+    marker: object = None
+    swept_marker: object = None
+    snap: str | None = None
+    snap_covers: frozenset[str] = frozenset()
+    since_snap: int = 0
 
 
 class ServerCache:
@@ -99,6 +110,23 @@ class ServerCache:
         once."""
         return self._handles.run(self._name_of(user_id), call, user_id=user_id, what=what,
                                  create=create)
+
+    def _marker(self, user_id: str) -> object:
+        """The user's lease slots (ids, owners, states), or None when a write is under way or
+        there is no lease: one small read. Every write of a user's memories, graph records or
+        documents runs under the lease (:mod:`hybridmem.replica.lease`), and every taking of it
+        adds a slot with a fresh owner, so while the marker stays the same nothing was written:
+        a check then costs this read, whatever the user's size."""
+        got = self._handles.run(_chroma.collection_name(user_id, "lease"),
+                                lambda c: c.get(include=["metadatas"]),
+                                user_id=user_id, what="read the write lease")
+        if got is None:
+            return None
+        slots = tuple(sorted((i, str((m or {}).get("owner")), str((m or {}).get("state")))
+                             for i, m in zip(got["ids"], got["metadatas"] or [])))
+        if not slots or any(state != "free" for _, _, state in slots):
+            return None
+        return slots
 
     def _due(self, st: UserSync, force: bool) -> bool:
         return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval

@@ -1,0 +1,161 @@
+"""Graph snapshots in the Chroma server (hybridmem.replica.snapshot): a first read loads the
+snapshot and replays only the records after it, a writer killed mid-snapshot leaves a loadable
+state, and a forgotten memory survives in no snapshot. Real `chroma run`, real subprocesses."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hybridmem.chroma import client as _chroma
+from hybridmem.models import Entity, Extraction, Relation
+from hybridmem.replica import snapshot
+from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
+from hybridmem.runtime.files import user_key
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ex(i: int) -> Extraction:
+    """A memory's extraction: customer i%37 bought product i%53 (so entities are shared)."""
+    who, what = f"customer {i % 37}", f"gadget {i % 53}"
+    return Extraction(entities=[Entity(name=who, type="person"), Entity(name=what, type="product")],
+                      relations=[Relation(subject=who, predicate="bought", object=what)],
+                      extractor="test")
+
+
+def view(store: ChromaGraphStore, user: str) -> tuple[Any, ...]:
+    """What readers see: every relation with its memories, and every entity's memories."""
+    rels = [(r.subject_key, r.predicate, r.object_key, r.memory_ids) for r in store.relations(user)]
+    ents = [(e.key, e.memory_ids) for e in store.entities(user)]
+    return rels, ents
+
+
+def snapshots(url: str, user: str) -> Any:
+    return _chroma.make_client(url=url).get_collection(_chroma.collection_name(user, "snapshot"))
+
+
+def state(store: ChromaGraphStore, user: str) -> Any:
+    return store._users[user_key(user)]  # white-box: which snapshot the cache started from
+
+
+def test_a_first_read_loads_the_snapshot_and_replays_only_the_tail(
+    chroma_server: str, unique_user: str
+) -> None:
+    writer = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    for lo in range(0, SNAPSHOT_TAIL + 40, 20):
+        writer.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(lo, lo + 20)])
+    head = snapshots(chroma_server, unique_user).get(ids=[snapshot.HEAD])["metadatas"][0]
+    covered = int(head["covers"])
+    assert SNAPSHOT_TAIL <= covered < SNAPSHOT_TAIL + 40  # stored once the tail reached the bound
+    writer.remove_memory(unique_user, ["m3", "m4"])  # covered by the snapshot: gone since
+    reader = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    assert view(reader, unique_user) == view(writer, unique_user)
+    st = state(reader, unique_user)
+    assert st.snap == head["snap"] and len(st.snap_covers) == covered
+    assert not {"m3", "m4"} & {m for rel in view(reader, unique_user)[0] for m in rel[3]}
+    # the snapshot is the replay of what it covers: a reader that replays every record agrees
+    full = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    full._handles.drop(_chroma.collection_name(unique_user, "snapshot"), user_id=unique_user,
+                       what="drop")
+    assert view(full, unique_user) == view(writer, unique_user)
+    assert state(full, unique_user).snap is None
+    for s in (writer, reader, full):
+        s.close()
+
+
+def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
+    chroma_server: str, unique_user: str
+) -> None:
+    writer = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    items = [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)]
+    items.append(("secret", Extraction(entities=[Entity(name="Zanzibar vault", type="place")],
+                                       extractor="test")))
+    writer.add_extractions(unique_user, items)
+    assert "zanzibar" in str(snapshots(chroma_server, unique_user).get()["documents"]).lower()
+    other = ChromaGraphStore(url=chroma_server)  # a process that never saw this snapshot
+    other.remove_memory(unique_user, ["secret"], erase=True)
+    docs = snapshots(chroma_server, unique_user).get()["documents"]
+    assert docs and "zanzibar" not in str(docs).lower()
+    fresh = ChromaGraphStore(url=chroma_server)
+    assert fresh.entity(unique_user, "Zanzibar vault") is None
+    assert len(fresh.entities(unique_user)) == 37 + 53
+    for s in (writer, other, fresh):
+        s.close()
+
+
+def test_a_drop_deletes_the_snapshot(chroma_server: str, unique_user: str) -> None:
+    store = ChromaGraphStore(url=chroma_server)
+    store.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+    store.drop_user(unique_user)
+    names = [c.name for c in _chroma.make_client(url=chroma_server).list_collections()]
+    assert _chroma.collection_name(unique_user, "snapshot") not in names
+    store.close()
+
+
+def test_an_unusable_snapshot_falls_back_to_replaying_every_record(
+    chroma_server: str, unique_user: str
+) -> None:
+    writer = ChromaGraphStore(url=chroma_server)
+    writer.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+    col = snapshots(chroma_server, unique_user)
+    snap = col.get(ids=[snapshot.HEAD])["metadatas"][0]["snap"]
+    col.delete(ids=[f"{snap}.0"])  # a racing writer deleted a part
+    reader = ChromaGraphStore(url=chroma_server)
+    assert view(reader, unique_user) == view(writer, unique_user)
+    assert state(reader, unique_user).snap is None
+    col.upsert(ids=[f"{snap}.0"], documents=["not json\n{"], embeddings=[[1.0]],
+               metadatas=[{"snap": snap, "part": 0}])
+    again = ChromaGraphStore(url=chroma_server)
+    assert view(again, unique_user) == view(writer, unique_user)
+    for s in (writer, reader, again):
+        s.close()
+
+
+KILLED = r"""
+import sys
+from hybridmem.models import Entity, Extraction, Relation
+from hybridmem.replica import snapshot
+from hybridmem.replica.graph import ChromaGraphStore
+snapshot.PART_CHARS, snapshot.PARTS_PER_CALL = 2048, 1  # many small requests: a wide target
+url, user, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = ChromaGraphStore(url=url)
+for n in range(start, start + 100_000, 8):
+    store.add_extractions(user, [(f"k{i}", Extraction(
+        entities=[Entity(name=f"customer {i % 37}", type="person")],
+        relations=[Relation(subject=f"customer {i % 37}", predicate="bought",
+                            object=f"gadget {i}")], extractor="test")) for i in range(n, n + 8)])
+    store._compact(user, store._users[next(iter(store._users))], force=True)
+    print(n, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_snapshot_leaves_a_loadable_state(
+    chroma_server: str, unique_user: str, tmp_path: Path
+) -> None:
+    rng = random.Random(7)
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    for trial in range(3):
+        start = 100_000 * trial  # each trial writes memories of its own
+        proc = subprocess.Popen([sys.executable, str(script), chroma_server, unique_user,
+                                 str(start)], stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None
+        assert proc.stdout.readline()  # at least one snapshot stored
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        loaded = ChromaGraphStore(url=chroma_server)
+        replayed = ChromaGraphStore(url=chroma_server)
+        replayed._load_snapshot = lambda *a: None  # type: ignore[method-assign]
+        assert view(loaded, unique_user) == view(replayed, unique_user)
+        assert state(loaded, unique_user).snap is not None  # the head's snapshot is whole
+        assert len(state(loaded, unique_user).record_ids) == len(
+            state(replayed, unique_user).record_ids)
+        loaded.close(), replayed.close()
