@@ -99,3 +99,22 @@ def test_one_context_is_one_nearest_neighbour_search(
         ctx = mem.context(unique_user, question)
         assert {line.section for line in ctx.lines} >= {"episodes", "procedures", "memories"}
         assert queries[0] - before == 1, question
+
+
+def test_a_written_summary_is_ranked_at_the_next_context(mem: Memory, unique_user: str) -> None:
+    """The summaries' vectors are kept between contexts; a write (add, update, forget) shows in
+    the next one."""
+    _fill(mem, unique_user)
+    question = "the zeppelin ride over the glacier"
+    first = mem.context(unique_user, question, max_tokens=4000)
+    fresh = mem.add(unique_user, "Summary of chat 99: Carol described the zeppelin ride over the "
+                    "glacier", kind="summary")
+    shown = [line.memory_id for line in mem.context(unique_user, question, max_tokens=4000).lines
+             if line.section == "episodes"]
+    assert fresh.id in shown and fresh.id not in [line.memory_id for line in first.lines]
+    mem.update(unique_user, fresh.id, text="Summary of chat 99: Carol sold her old kettle")
+    again = mem.search(unique_user, question, limit=2, where={"kind": "summary"})
+    assert fresh.id not in [h.item.id for h in again[:1]]
+    mem.forget(unique_user, fresh.id)
+    assert fresh.id not in [line.memory_id for line in
+                            mem.context(unique_user, question, max_tokens=4000).lines]

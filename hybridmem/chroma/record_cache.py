@@ -35,10 +35,12 @@ from hybridmem.errors import ClosedError
 from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
 
-__all__ = ["INDEXED", "RecordCache", "RecordLoading", "UserRecords"]
+__all__ = ["INDEXED", "MAX_BLOCKS", "RecordCache", "RecordLoading", "UserRecords"]
 
 log = logging.getLogger(__name__)
 
+#: Section blocks kept per user (one per distinct section filter: a context() uses two).
+MAX_BLOCKS = 8
 #: Metadata fields indexed by value: those the library's own filters pin by equality.
 INDEXED = ("current", "kind", "has_key", "text_hash", "key")
 
@@ -66,10 +68,17 @@ class UserRecords:
     #: ranks here rather than in Chroma (see ChromaVectorStore.query_sections); a record put or
     #: removed loses its vector, so a changed text is fetched again.
     vectors: dict[str, Any] = field(default_factory=dict)
+    #: Bumped by every put and remove: a block below is valid while it has not moved.
+    version: int = 0
+    #: Per section filter: (version, ids, their unit vectors stacked), so a section of 2,000
+    #: summaries is one matrix product, not 2,000 dict lookups and a stack, per context.
+    blocks: OrderedDict[str, tuple[int, tuple[str, ...], Any]] = field(
+        default_factory=OrderedDict)
 
     def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Insert or replace records (id, document, metadata)."""
         with self.lock:
+            self.version += 1
             for id_, doc, meta in rows:
                 self._remove(id_)
                 self.rows[id_] = _Row(doc, meta, self._built(id_, doc, meta))
@@ -87,6 +96,7 @@ class UserRecords:
 
     def remove(self, ids: Iterable[str]) -> None:
         with self.lock:
+            self.version += 1
             for id_ in ids:
                 self._remove(id_)
 
@@ -126,14 +136,50 @@ class UserRecords:
         with self.lock:
             self.vectors.update((i, v) for i, v in vectors.items() if i in self.rows)
 
-    def narrowed(self, where: Filter | None, at_most: int) -> list[str] | None:
-        """The ids that may match ``where`` when an index other than ``current`` narrows them
-        to at most ``at_most`` (a kind, a key: the few records a section may rank here), else
-        None."""
-        if not any(c.field != "current" for c in _pinned(where)):
+    def narrowed(self, where: Filter | None, at_most: int) -> tuple[list[str], bool] | None:
+        """The ids that may match ``where`` when its indexed equalities, one of them not on
+        ``current`` (a kind, a key), narrow them to at most ``at_most`` — the few records a
+        section may rank here — sorted, and whether those equalities are the whole filter (then
+        every id matches); else None."""
+        pinned = _pinned(where)
+        if not any(c.field != "current" for c in pinned):
             return None
-        ids = self.candidates(where)
-        return ids if len(ids) <= at_most else None
+        with self.lock:  # smallest bucket first; the big ones (current) are only probed
+            buckets: list[set[str]] = []
+            for cond in pinned:
+                values = cond.value if isinstance(cond.value, tuple) else (cond.value,)
+                if len(values) == 1:
+                    buckets.append(self.index.get(_key(cond.field, values[0]), set()))
+                else:
+                    buckets.append(set().union(
+                        *(self.index.get(_key(cond.field, v), set()) for v in values)))
+            buckets.sort(key=len)
+            if len(buckets[0]) > at_most:
+                return None
+            found = {i for i in buckets[0] if all(i in b for b in buckets[1:])}
+        assert where is not None
+        if len(found) > at_most:
+            return None
+        parts = where.parts if isinstance(where, AllOf) else (where,)
+        return sorted(found), all(p in pinned for p in parts)
+
+    def block(self, key: str) -> tuple[int, tuple[str, ...], Any] | None:
+        """The block kept for ``key`` if no record changed since it was made."""
+        with self.lock:
+            kept = self.blocks.get(key)
+            if kept is None or kept[0] != self.version:
+                return None
+            self.blocks.move_to_end(key)
+            return kept
+
+    def keep_block(self, key: str, block: tuple[int, tuple[str, ...], Any]) -> None:
+        """Keep a block made at ``block[0]`` (the version read before making it); the least
+        recently used beyond :data:`MAX_BLOCKS` go."""
+        with self.lock:
+            self.blocks[key] = block
+            self.blocks.move_to_end(key)
+            while len(self.blocks) > MAX_BLOCKS:
+                self.blocks.popitem(last=False)
 
     def candidates(self, where: Filter | None) -> list[str]:
         """Ids that may match ``where`` (a superset; the caller evaluates the filter): the
@@ -143,9 +189,10 @@ class UserRecords:
             best: set[str] | None = None
             for cond in _pinned(where):
                 values = cond.value if isinstance(cond.value, tuple) else (cond.value,)
-                bucket: set[str] = set()
-                for value in values:
-                    bucket |= self.index.get(_key(cond.field, value), set())
+                bucket = (self.index.get(_key(cond.field, values[0]), set())
+                          if len(values) == 1 else  # (not copied: ``current`` holds them all)
+                          set().union(*(self.index.get(_key(cond.field, v), set())
+                                        for v in values)))
                 if best is None or len(bucket) < len(best):
                     best = bucket
             return list(self.rows) if best is None else sorted(best)

@@ -533,9 +533,9 @@ class ChromaVectorStore:
         local: set[int] = set()
         if cached is not None:
             for n, (limit, where) in enumerate(sections):
-                few = cached.narrowed(where, LOCAL_SECTION) if limit > 0 else None
-                if few is not None:
-                    merged[n] = self._nearest_of(user_id, vector, few, where, cached)
+                found = self._nearest_of(user_id, vector, where, cached, limit)
+                if found is not None:
+                    merged[n] = found
                     local.add(n)
         for archive in (False, True):
             reading = [n for n, (limit, where) in enumerate(sections)
@@ -551,39 +551,63 @@ class ChromaVectorStore:
         return [self._hits(user_id, rows, limit, cached)
                 for rows, (limit, _where) in zip(merged, sections)]
 
-    def _nearest_of(self, user_id: str, vector: Embedding, ids: Sequence[str],
-                    where: Filter | None, cached: UserRecords) -> builtins.list[_Found]:
-        """The records of ``ids`` that match ``where``, with their cosine similarity to
-        ``vector``, computed here.
+    def _nearest_of(self, user_id: str, vector: Embedding, where: Filter | None,
+                    cached: UserRecords, limit: int) -> builtins.list[_Found] | None:
+        """The ``limit`` records matching ``where`` most similar to ``vector`` (ties at the
+        cut kept), with their cosine similarity, computed here; None when ``where`` does not
+        narrow the records to at most :data:`LOCAL_SECTION` by an index (Chroma answers then).
 
         Why: a section that pins a kind (a context()'s summaries, procedures) matches a few
         records among many. Chroma answers it by scanning every record's metadata (~20 ms at
         3,000 memories, each context), or by ids at nearly that cost; the few vectors, fetched
-        by id once and kept beside the records, are compared here in microseconds, exactly."""
-        rows = [(i, row) for i in ids if (row := cached.row(i)) is not None
-                and matches(where, row[1])]
-        if not rows:
+        by id once and kept beside the records as one matrix per section (remade after a write),
+        are compared here in a matrix product, exactly."""
+        if limit <= 0:
+            return None
+        key = repr(where)
+        block = cached.block(key)
+        if block is None:
+            version = cached.version
+            few = cached.narrowed(where, LOCAL_SECTION)
+            if few is None:
+                return None
+            ids, exact = few
+            rows = [(i, row) for i in ids if (row := cached.row(i)) is not None
+                    and (exact or matches(where, row[1]))]
+            known = cached.known_vectors(i for i, _ in rows)
+            missing = [(i, row) for i, row in rows if i not in known]
+            for archive in (False, True):
+                wanted = [i for i, row in missing if archived(row[1]) == archive]
+                if not wanted:
+                    continue
+                got = self._run(user_id, "read the memory vectors", lambda c: c.get(
+                    ids=wanted, include=["embeddings"]), archive=archive)
+                embeddings = None if got is None else got["embeddings"]
+                if got is None or embeddings is None:
+                    continue
+                fetched = {i: _unit(e) for i, e in zip(got["ids"], embeddings)}
+                cached.keep_vectors(fetched)
+                known.update(fetched)
+            kept = tuple(i for i, _ in rows if i in known)
+            matrix = (np.stack([known[i] for i in kept]) if kept
+                      else np.zeros((0, len(vector)), dtype=np.float32))
+            block = (version, kept, matrix)
+            cached.keep_block(key, block)
+        _, kept, matrix = block
+        if not kept:
             return []
-        known = cached.known_vectors(i for i, _ in rows)
-        missing = [(i, row) for i, row in rows if i not in known]
-        for archive in (False, True):
-            wanted = [i for i, row in missing if archived(row[1]) == archive]
-            if not wanted:
-                continue
-            got = self._run(user_id, "read the memory vectors", lambda c: c.get(
-                ids=wanted, include=["embeddings"]), archive=archive)
-            embeddings = None if got is None else got["embeddings"]
-            if got is None or embeddings is None:
-                continue
-            fetched = {i: _unit(e) for i, e in zip(got["ids"], embeddings)}
-            cached.keep_vectors(fetched)
-            known.update(fetched)
-        rows = [(i, row) for i, row in rows if i in known]
-        if not rows:
-            return []
-        matrix = np.stack([known[i] for i, _ in rows])
         similarity = matrix @ _unit(vector)
-        return [(i, row[0], row[1], float(s)) for (i, row), s in zip(rows, similarity)]
+        if len(kept) > limit:  # the best ``limit``, and any tied with the last of them
+            cut = np.partition(-similarity, limit - 1)[limit - 1]
+            chosen = np.flatnonzero(-similarity <= cut)
+        else:
+            chosen = np.arange(len(kept))
+        out: builtins.list[_Found] = []
+        for j in chosen:
+            row = cached.row(kept[j])
+            if row is not None:
+                out.append((kept[j], row[0], row[1], float(similarity[j])))
+        return out
 
     def _kept(
         self, user_id: str, vector: Embedding, rows: builtins.list[_Found], fetch: int,
