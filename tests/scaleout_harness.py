@@ -209,12 +209,13 @@ class Load:
                     self._down[i] = time.monotonic()
         return None, tried
 
-    def _client(self, c: int, stop: float) -> None:
+    def _client(self, c: int, stop: float, at_least: int = 0) -> None:
         rng = random.Random(self.seed * 1000 + c)
         mine = [u for u in range(self.users) if u % self.clients == c]
-        n = 0
+        n = made = 0
         with httpx.Client(timeout=120) as client:
-            while time.monotonic() < stop and mine:
+            while (time.monotonic() < stop or made < at_least) and mine:
+                made += 1
                 u = rng.choice(mine)
                 truth, uid = self.truth[u], self.user_id(u)
                 roll = rng.random()
@@ -268,12 +269,14 @@ class Load:
                 self.report.leaks.append(f"user {u} saw customers {sorted(others)}")
 
     def run(self, seconds: float, *, kill: int | None = 0, kill_at: float = 0.5,
-            down_for: float = 1.0) -> Report:
-        """Traffic for ``seconds``; at ``kill_at`` of it worker ``kill`` is SIGKILLed, and
-        restarted ``down_for`` seconds later (``kill=None``: no kill)."""
+            down_for: float = 1.0, at_least: int = 0) -> Report:
+        """Traffic for ``seconds``, and until each client made ``at_least`` requests (so the
+        traffic a test checks does not depend on the machine's speed); at ``kill_at`` of the
+        seconds worker ``kill`` is SIGKILLed, and restarted ``down_for`` seconds later
+        (``kill=None``: no kill)."""
         started = time.monotonic()
         stop = started + seconds
-        threads = [threading.Thread(target=self._client, args=(c, stop), daemon=True)
+        threads = [threading.Thread(target=self._client, args=(c, stop, at_least), daemon=True)
                    for c in range(self.clients)]
         for t in threads:
             t.start()

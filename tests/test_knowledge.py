@@ -400,7 +400,6 @@ def test_rest_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_mcp_round_trip(tmp_path: Path) -> None:
-    pytest.importorskip("mcp")
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 

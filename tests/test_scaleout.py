@@ -36,9 +36,9 @@ def test_workers_lose_nothing_leak_nothing_and_agree_after_a_kill(
     cluster: list[harness.Worker], unique_user: str
 ) -> None:
     load = harness.Load(cluster, users=10, clients=4, prefix=unique_user)
-    report = load.run(12.0, kill=0, kill_at=0.4, down_for=0.5)
+    report = load.run(12.0, kill=0, kill_at=0.4, down_for=0.5, at_least=15)
     summary = report.summary()
-    assert report.requests > 40 and summary["ms"]["add"]["n"] > 10, summary
+    assert report.requests >= 60 and summary["ms"]["add"]["n"] > 10, summary
     assert report.restart_seconds is not None  # the killed worker came back and served again
     assert report.leaks == [], report.leaks
     assert report.failed == 0, report.errors  # every request was answered by some worker
