@@ -93,6 +93,7 @@ def _open(
     dir_lock: DataDirLock | None,
 ) -> Stores:
     client: Any = None  # server mode: one Chroma client for the three stores
+    chroma: Any = None  # the vector store opened here (None: the caller's)
     max_open = _max_open(s)
     if vectors is None:
         from hybridmem.chroma.vector import ChromaVectorStore
@@ -104,10 +105,11 @@ def _open(
             url=s.chroma_url,
             scrub_heap=s.scrub_heap,
             max_open=max_open,
-            # embedded, the data-dir lock makes this store the only writer (while no other
-            # Memory of this process opened the dir): reads can be served from memory (see
-            # hybridmem.chroma.record_cache); a server is shared, so there they cannot
-            cache_records=dir_lock is not None,
+            # reads are served from memory (see hybridmem.chroma.record_cache): embedded, the
+            # data-dir lock makes this store the only writer (while no other Memory of this
+            # process opened the dir); a server is shared, so there the copy follows the write
+            # leases (see below and hybridmem.chroma.follow)
+            cache_records=True,
             exclusive=None if dir_lock is None else dir_lock.sole,
             # a torn index is rebuilt from Chroma's records with the configured embedder
             reembed=lambda texts: embed_checked(embedder, texts),
@@ -147,8 +149,11 @@ def _open(
     leases = None
     if s.chroma_url and client is not None:  # dedup and supersession across processes
         from hybridmem.replica.lease import ChromaLeases
+        from hybridmem.replica.sync import REFRESH_INTERVAL
 
         leases = ChromaLeases(client, ttl=s.lease_ttl)
+        if chroma is not None:  # the record copy catches up as often as the graph and lexicon
+            chroma.follow(leases, interval=REFRESH_INTERVAL)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases)
 

@@ -575,7 +575,7 @@ class Memory:
         of within ``refresh_interval`` (1 s); embedded, there is nothing to catch up with."""
         self._check(user_id)
         self._stores.lexical.refresh(user_id)
-        self._stores.graph.refresh(user_id)
+        self._stores.refresh(user_id)
 
     def flush_access(self) -> None:
         """Write buffered access counts and last-accessed times (also done on close)."""

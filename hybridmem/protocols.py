@@ -43,11 +43,14 @@ __all__ = [
     "LexicalIndex",
     "Pingable",
     "Reembeddable",
+    "Refreshable",
     "Reporting",
     "StoreReport",
     "TokenCounter",
     "VectorHit",
     "VectorStore",
+    "WriteLog",
+    "WriteSlot",
 ]
 
 ChatMessage = Mapping[str, str]
@@ -251,6 +254,16 @@ class VectorStore(Protocol):
 
 
 @runtime_checkable
+class Refreshable(Protocol):
+    """A store that caches a shared server's records and can catch up with other processes'
+    writes on demand (Chroma server mode)."""
+
+    def refresh(self, user_id: str) -> None:
+        """Catch up with the user's records in the server now."""
+        ...
+
+
+@runtime_checkable
 class Pingable(Protocol):
     """A store that can say whether it serves (a service's readiness probe asks it)."""
 
@@ -431,6 +444,34 @@ class HistoryLog(Protocol):
     def drop_user(self, user_id: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WriteSlot:
+    """One taking of a user's write lease, as a reader of the lease sees it: who took it,
+    whether it is still held, and whether the taker was this process's lease store."""
+
+    owner: str
+    held: bool
+    mine: bool
+
+
+class WriteLog(Protocol):
+    """Which of a user's memories other processes changed: what a process's copy of the user's
+    records needs to stay exact on a shared Chroma server (see
+    :mod:`hybridmem.chroma.follow`). Every write runs under the user's lease, and each lease's
+    release says which memory ids its holder wrote."""
+
+    def slots(self, user_id: str) -> dict[int, WriteSlot] | None:
+        """The user's lease slots by number (one small read), or None when the user has no
+        lease (never written, or erased)."""
+
+    def changed(self, user_id: str, slots: Sequence[int]) -> dict[int, frozenset[str] | None]:
+        """The memory ids each released slot's holder wrote; None for a slot that does not say
+        (a holder that wrote too many to list, or a slot since removed)."""
+
+    def note(self, user_id: str, ids: Sequence[str]) -> None:
+        """Remember that this process wrote ``ids`` under the user's lease it holds now."""
 
 
 class Lease(Protocol):

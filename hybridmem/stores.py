@@ -12,7 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from hybridmem.config import Settings
-from hybridmem.protocols import GraphStore, HistoryLog, Leases, LexicalIndex, VectorStore
+from hybridmem.protocols import (GraphStore, HistoryLog, Leases, LexicalIndex, Refreshable,
+                                 VectorStore)
 from hybridmem.runtime.files import remove_tree, user_dir
 from hybridmem.runtime.locks import DataDirLock
 
@@ -45,6 +46,13 @@ class Stores:
         if self.leases is not None:
             self.leases.drop_user(user_id)
         remove_tree(user_dir(settings.data_dir, user_id, create=False))
+
+    def refresh(self, user_id: str) -> None:
+        """Catch the caches of a shared server up with other processes' writes to the user
+        (server mode: the graph, and the vector store's record copy)."""
+        self.graph.refresh(user_id)
+        if isinstance(self.vectors, Refreshable):
+            self.vectors.refresh(user_id)
 
     def close(self) -> None:
         """Close every store, even if one fails; the first failure is raised at the end."""

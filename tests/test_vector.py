@@ -22,21 +22,28 @@ from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder
 from hybridmem.text import text_hash
 from hybridmem.chroma.vector import OVERFETCH, ChromaVectorStore
+from hybridmem.replica.lease import ChromaLeases
 
 EMB = HashEmbedder(32)
 T0 = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=timezone.utc)
 Factory = Callable[..., ChromaVectorStore]
 
 
-@pytest.fixture(params=["embedded", "cached", "server"])
+@pytest.fixture(params=["embedded", "cached", "server", "server-cached"])
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
-    """Stores in each mode; "cached" is embedded with the record cache (as Memory opens it)."""
+    """Stores in each mode; "cached" is embedded with the record cache (as Memory opens it),
+    "server-cached" a server store with its record copy following the write leases (as Memory
+    opens it; no other process writes here, see tests/test_follow.py for those that do)."""
     made: list[ChromaVectorStore] = []
 
     def make(name: str = EMB.name, dim: int = 32) -> ChromaVectorStore:
-        if request.param == "server":
+        if request.param.startswith("server"):
             url = request.getfixturevalue("chroma_server")
-            made.append(ChromaVectorStore(embedder_name=name, dimension=dim, url=url))
+            cached = request.param == "server-cached"
+            made.append(ChromaVectorStore(embedder_name=name, dimension=dim, url=url,
+                                          cache_records=cached, background_load=False))
+            if cached:
+                made[-1].follow(ChromaLeases(made[-1].client), interval=3600.0)
         else:
             made.append(ChromaVectorStore(embedder_name=name, dimension=dim,
                                           path=tmp_path / "chroma",

@@ -34,6 +34,7 @@ from typing import Any
 from hybridmem.errors import ClosedError
 from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
+from hybridmem.protocols import WriteSlot
 
 __all__ = ["INDEXED", "MAX_BLOCKS", "RecordCache", "RecordLoading", "UserRecords"]
 
@@ -74,6 +75,10 @@ class UserRecords:
     #: summaries is one matrix product, not 2,000 dict lookups and a stack, per context.
     blocks: OrderedDict[str, tuple[int, tuple[str, ...], Any]] = field(
         default_factory=OrderedDict)
+    #: On a shared Chroma server (see hybridmem.chroma.follow): the user's lease slots as the
+    #: copy last caught up with them, and when (monotonic).
+    base: dict[int, WriteSlot] | None = None
+    checked: float = 0.0
 
     def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Insert or replace records (id, document, metadata)."""

@@ -21,10 +21,13 @@ reads both. Expired memories stay hot (they expire with no write); readers drop 
   resolved when the user's records are next loaded; readers meanwhile prefer the hot copy.
 - Migration: a hot collection of schema 1 is migrated when a process first opens it
   (:func:`hybridmem.chroma.client.move_not_current`); an interrupted one finishes at the next open.
-- Record cache: with ``cache_records`` (embedded, where the data-dir lock makes this store the one
-  writer) reads are served from an in-memory copy (:mod:`hybridmem.chroma.record_cache`) that every write
-  updates once Chroma accepted it; the vector query asks Chroma for ids and distances only. A
-  Chroma server is written by processes this one cannot see, so there reads go to the server.
+- Record cache: with ``cache_records`` reads are served from an in-memory copy
+  (:mod:`hybridmem.chroma.record_cache`) that every write updates once Chroma accepted it; the
+  vector query asks Chroma for ids and distances only. Embedded, the data-dir lock makes this
+  store the one writer. A Chroma server is written by processes this one cannot see: there the
+  copy is kept only once :meth:`ChromaVectorStore.follow` gave it the users' write leases, which
+  say what other processes wrote (:mod:`hybridmem.chroma.follow`); until then reads go to the
+  server.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
+from hybridmem.chroma.follow import Follower
 from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
@@ -54,7 +58,7 @@ from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError, StorageError
 from hybridmem.filters import Filter
 from hybridmem.models import MemoryItem
-from hybridmem.protocols import StoreReport, VectorHit
+from hybridmem.protocols import StoreReport, VectorHit, WriteLog
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -114,6 +118,9 @@ class ChromaVectorStore:
             else lambda: _chroma.make_client(path=path, max_indexes=indexes),
         )
         self._path = None if url is not None else path
+        #: server mode: what keeps the record copy exact (None: no copy until follow() is called)
+        self._follower: Follower | None = None
+        self._shared = url is not None
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name
         self._dimension = dimension
@@ -204,17 +211,72 @@ class ChromaVectorStore:
             )
 
     # -- the record cache ------------------------------------------------------------------------
+    def follow(self, log: WriteLog, *, interval: float) -> None:
+        """On a Chroma server, keep the record copy, caught up with other processes' writes
+        from ``log`` (the users' write leases) at most every ``interval`` seconds (see
+        :mod:`hybridmem.chroma.follow`); this store's writes are noted in ``log``."""
+        self._follower = Follower(log, interval=interval)
+
+    def refresh(self, user_id: str) -> None:
+        """Catch the user's record copy up with other processes' writes now (server mode; see
+        :class:`~hybridmem.protocols.Refreshable`)."""
+        if self._follower is not None and self._loading is not None:
+            self._live()
+            records = self._records.get(user_id) if self._records is not None else None
+            if records is not None:
+                self._catch_up(user_id, records, force=True)
+
     def _cached(self, user_id: str, *, load: bool = True) -> UserRecords | None:
         """The user's records in memory, or None (no cache, or not loaded yet: read Chroma);
         see :class:`~hybridmem.chroma.record_cache.RecordLoading` for when they are loaded."""
-        if self._loading is None:
+        if self._loading is None or (self._shared and self._follower is None):
             return None
         self._live()
-        return self._loading.get(user_id, load=load)
+        records = self._loading.get(user_id, load=load)
+        if records is not None and self._follower is not None:
+            return self._catch_up(user_id, records, force=False)
+        return records
+
+    def _catch_up(self, user_id: str, records: UserRecords, *, force: bool) -> UserRecords | None:
+        """``records``, caught up with other processes' writes when a check is due (server
+        mode), or None when they cannot be: then they are dropped (reloaded at next misses)."""
+        follower = self._follower
+        assert follower is not None
+        if not force and not follower.due(records):
+            return records
+        with self._user_lock.hold(user_id):
+            if not force and not follower.due(records):  # another thread just checked
+                return records
+            if follower.check(user_id, records, lambda ids: self._server_rows(user_id, ids)):
+                return records
+            log.info("the record copy of a user cannot follow the server's changes; reloading")
+            self._drop_cached(user_id)
+            return None
+
+    def _server_rows(self, user_id: str, ids: builtins.list[str],
+                     ) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        """The server's records of ``ids`` (a copy an interrupted move left twice: the one
+        :func:`~hybridmem.chroma.layout.resolve` keeps)."""
+        found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
+        for archive in (False, True):
+            got = self._run(user_id, "read the memories", lambda c: c.get(
+                ids=ids, include=["documents", "metadatas"]), archive=archive)
+            for id_, doc, meta in _rows(got["ids"], got["documents"], got["metadatas"]) if got else ():
+                row = (archive, doc or "", meta or {})
+                found[id_] = resolve(found[id_], row)[0] if id_ in found else row
+        return {i: (doc, meta) for i, (_, doc, meta) in found.items()}
+
+    def _noted(self, user_id: str, ids: Sequence[str]) -> None:
+        """Tell the write log (server mode) which memories this store just wrote."""
+        if self._follower is not None:
+            self._follower.log.note(user_id, ids)
 
     def _load(self, user_id: str) -> UserRecords:
         """Every record of both collections (a copy an interrupted move left twice is resolved
         and the loser deleted, see :func:`hybridmem.chroma.layout.resolve`)."""
+        records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
+        if self._follower is not None:  # before reading: writes landing meanwhile are redone
+            self._follower.start(user_id, records)
         found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
         losers: dict[bool, builtins.list[str]] = {False: [], True: []}
         for archive in (False, True):
@@ -229,7 +291,6 @@ class ChromaVectorStore:
         for archive, ids in losers.items():
             if ids:
                 self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
-        records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
         records.put((i, doc, meta) for i, (_, doc, meta) in found.items())
         return records
 
@@ -253,6 +314,7 @@ class ChromaVectorStore:
         records = self._records_of(user_id, items)
         vectors = self._vectors(embeddings)
         with self._user_lock.hold(user_id), self._coherent(user_id):
+            self._noted(user_id, [i.id for i in items])  # first: a write that fails part way is noted too
             placed = self._placed(user_id, [i.id for i in items])
             for archive in (False, True):
                 picked = [n for n, r in enumerate(records) if archived(r) == archive]
@@ -282,6 +344,7 @@ class ChromaVectorStore:
             return
         records = self._records_of(user_id, items)
         with self._user_lock.hold(user_id), self._coherent(user_id):
+            self._noted(user_id, [i.id for i in items])  # first: a write that fails part way is noted too
             placed = self._placed(user_id, [i.id for i in items])
             where = {i: self._where_is(placed, i) for i in placed}
             for archive in (False, True):
@@ -328,6 +391,7 @@ class ChromaVectorStore:
         if not ids:
             return
         with self._owed(), self._user_lock.hold(user_id), self._coherent(user_id):
+            self._noted(user_id, ids)  # first: a write that fails part way is noted too
             placed = self._placed(user_id, ids)
             for archive in (False, True):
                 doomed = [i for i in ids if archive in placed.get(i, {})]
@@ -391,7 +455,13 @@ class ChromaVectorStore:
     def get(
         self, user_id: str, ids: Sequence[str], *, where: Filter | None = None
     ) -> builtins.list[MemoryItem]:
-        """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped."""
+        """Memories by id, in the order of ``ids``; missing ids and non-matching ones skipped.
+        On a Chroma server these reads go to the server, so a memory another process just
+        changed or forgot is read as it is now (searches may lag, see
+        :mod:`hybridmem.chroma.follow`)."""
+        if self._follower is not None:
+            self._live()
+            return self._sections(user_id, ids, [where], None)[0] if ids else []
         return self.get_sections(user_id, ids, [where])[0]
 
     def get_sections(
@@ -403,6 +473,17 @@ class ChromaVectorStore:
         if not ids or not wheres:
             return [[] for _ in wheres]
         cached = self._cached(user_id, load=False)
+        if cached is not None and self._follower is not None and any(
+                cached.row(i) is None for i in ids):
+            cached.checked = float("-inf")  # written by another process since the last check
+            cached = None
+        return self._sections(user_id, ids, wheres, cached)
+
+    def _sections(
+        self, user_id: str, ids: Sequence[str], wheres: Sequence[Filter | None],
+        cached: UserRecords | None,
+    ) -> builtins.list[builtins.list[MemoryItem]]:
+        """:meth:`get_sections` from ``cached`` records, or from Chroma when None."""
         if cached is not None:
             out: builtins.list[builtins.list[MemoryItem]] = [[] for _ in wheres]
             for i in ids:
@@ -661,6 +742,11 @@ class ChromaVectorStore:
                     dists[n] if dists else []):
                 if cached is not None:
                     row = cached.row(i)
+                    if row is None and self._follower is not None:
+                        # written by another process since the last check: read it from the
+                        # server this time, and check at the next read
+                        cached.checked = float("-inf")
+                        return self._query(user_id, vectors, limit, where, archive, None)
                     if row is None:  # not in the copy: it cannot be trusted any more
                         self._drop_cached(user_id)
                         return self._query(user_id, vectors, limit, where, archive, None)

@@ -44,7 +44,7 @@ from hybridmem.models import (
     utcnow,
 )
 from hybridmem.replica import snapshot
-from hybridmem.replica.sync import BATCH, ServerCache, UserSync, chunks
+from hybridmem.replica.sync import BATCH, REFRESH_INTERVAL, ServerCache, UserSync, chunks
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -92,7 +92,7 @@ class ChromaGraphStore(ServerCache):
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
-                 refresh_interval: float = 1.0, focus: float = FOCUS,
+                 refresh_interval: float = REFRESH_INTERVAL, focus: float = FOCUS,
                  session: float = SESSION) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,
                          name_of=partial(_chroma.collection_name, kind="graph"))

@@ -30,6 +30,13 @@ nothing) and finishes it —
 forward when the batch's vectors landed, back when not — before doing anything else. Any process
 can do it: nothing of the journal is on a local disk.
 
+**What a holder wrote.** Releasing writes into the slot's document the ids of the memories its
+holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them. A process
+that keeps a copy of the user's records (:mod:`hybridmem.chroma.follow`) reads the slots taken
+since its last look and fetches just those memories: O(changes) per check, whatever the user's
+size. Slots are tidied away only :data:`STALE_SLOTS` at a time, so a reader that looks once a
+second misses none unless that many leases were taken in between (it then reloads the user).
+
 **Assumptions**, as for any lease without fencing tokens: a holder finishes (or renews, at every
 batch) within :data:`LEASE_TTL` seconds, and hosts' clocks agree to well within it (NTP). A
 holder that finds at its next renewal that it lost the lease raises
@@ -38,18 +45,20 @@ holder that finds at its next renewal that it lost the lease raises
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.runtime.files import user_key
 from hybridmem.errors import StorageError, StoreBusyError
+from hybridmem.protocols import WriteSlot
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -63,9 +72,15 @@ log = logging.getLogger(__name__)
 LEASE_TTL = 30.0
 #: Seconds between two looks at a lease another process holds.
 POLL = 0.02
-#: Slots below the holder's that a taker leaves before deleting them (reading a few more slots
-#: costs nothing; each delete is a write).
-STALE_SLOTS = 8
+#: Slots below the holder's that a taker leaves before deleting them: each delete is a write,
+#: and a reader of the slots (see the module docstring) misses what a deleted slot's holder
+#: wrote unless it looked in between. Reading them costs little: a check reads their metadata,
+#: and the documents only of slots it has not seen.
+STALE_SLOTS = 64
+#: The most memory ids a released slot lists (a batch that wrote more says ``*``: reload).
+MAX_NOTED = 4096
+#: How a released slot's document starts (an intent, on a held slot, is a JSON object).
+NOTE = "wrote:"
 #: Users whose last lease owner a process remembers.
 MAX_REMEMBERED = 4096
 _UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched
@@ -88,6 +103,8 @@ class Lease:
     orphan: str | None = None
     foreign: bool = True
     renewed: float = field(default_factory=time.monotonic)  # when its expiry was last pushed
+    #: the memory ids written under it (see ChromaLeases.note), told to readers at the release
+    wrote: set[str] = field(default_factory=set)
 
 
 class ChromaLeases:
@@ -101,6 +118,10 @@ class ChromaLeases:
         self._poll = poll
         #: user key -> this process's last owner token (bounded: a forgotten one means "refresh")
         self._last_owner: OrderedDict[str, str] = OrderedDict()
+        #: owner tokens of this store's recent leases (a reader skips what it wrote itself)
+        self._mine: OrderedDict[str, None] = OrderedDict()
+        #: user key -> the lease this store holds now
+        self._holding: dict[str, Lease] = {}
         self._guard = threading.Lock()
 
     def __repr__(self) -> str:
@@ -121,10 +142,16 @@ class ChromaLeases:
                            what="delete the write lease")
 
     def _slots(self, user_id: str) -> dict[int, tuple[dict[str, Any], str]]:
-        got = self._run(user_id, "read the write lease",
-                        lambda c: c.get(include=["metadatas", "documents"]))
-        return {int(i): (dict(m or {}), d or "")
-                for i, m, d in zip(got["ids"], got["metadatas"] or [], got["documents"] or [])}
+        """The slots' metadata, and the document (a dead holder's intent) of the last one when
+        it is held: the others' documents (what their holders wrote) a taker does not need."""
+        got = self._run(user_id, "read the write lease", lambda c: c.get(include=["metadatas"]))
+        slots = {int(i): (dict(m or {}), "") for i, m in zip(got["ids"], got["metadatas"] or [])}
+        last = max(slots, default=0)
+        if last and slots[last][0].get("state") == "held":
+            doc = self._run(user_id, "read the write lease", lambda c: c.get(
+                ids=[_slot(last)], include=["documents"]))
+            slots[last] = (slots[last][0], ((doc["documents"] or [""])[0] or ""))
+        return slots
 
     def acquire(self, user_id: str, *, timeout: float | None = None) -> Lease:
         """Wait for the user's lease and take it; :class:`StoreBusyError` after ``timeout``
@@ -151,9 +178,10 @@ class ChromaLeases:
             ))
             if self._holds(user_id, mine, owner):
                 stale = [_slot(n) for n in slots if n < mine]
-                # tidied now and then (a write less per lease), and at once when one carries an
-                # intent, which may quote memory texts
-                if len(stale) >= STALE_SLOTS or any(slots[n][1] for n in slots if n < mine):
+                # tidied now and then (a write less per lease), and at once when one is held:
+                # it carries an intent, which may quote memory texts
+                if len(stale) >= STALE_SLOTS or any(slots[n][0].get("state") == "held"
+                                                    for n in slots if n < mine):
                     self._run(user_id, "tidy the write lease", lambda c: c.delete(ids=stale))
                 if orphan:
                     log.warning("taking over the write lease of a process that died mid-write")
@@ -163,7 +191,12 @@ class ChromaLeases:
                     self._last_owner.move_to_end(user_key(user_id))
                     while len(self._last_owner) > MAX_REMEMBERED:
                         self._last_owner.popitem(last=False)
-                return Lease(user_id, mine, owner, orphan, foreign=foreign or not meta)
+                    self._mine[owner] = None
+                    while len(self._mine) > MAX_REMEMBERED:
+                        self._mine.popitem(last=False)
+                    lease = Lease(user_id, mine, owner, orphan, foreign=foreign or not meta)
+                    self._holding[user_key(user_id)] = lease
+                return lease
 
     def _holds(self, user_id: str, slot: int, owner: str) -> bool:
         """Whether ``owner`` holds ``slot`` and it is the last slot (the server decides)."""
@@ -193,10 +226,48 @@ class ChromaLeases:
                         "expires": time.time() + self.ttl}]))
         lease.renewed = renewed
 
+    def note(self, user_id: str, ids: Sequence[str]) -> None:
+        """Remember that ``ids`` were written under the user's lease this store holds (the
+        vector store calls this after each write); the release tells readers."""
+        with self._guard:
+            lease = self._holding.get(user_key(user_id))
+            if lease is not None:
+                lease.wrote.update(ids)
+
+    def slots(self, user_id: str) -> dict[int, WriteSlot] | None:
+        """The user's slots by number, or None when the user has no lease collection (see
+        :class:`~hybridmem.protocols.WriteLog`)."""
+        got = self._run(user_id, "read the write lease",
+                        lambda c: c.get(include=["metadatas"]), create=False)
+        if got is None:
+            return None
+        with self._guard:
+            return {int(i): WriteSlot(owner=str((m or {}).get("owner")),
+                                      held=(m or {}).get("state") == "held",
+                                      mine=(m or {}).get("owner") in self._mine)
+                    for i, m in zip(got["ids"], got["metadatas"] or [])}
+
+    def changed(self, user_id: str, slots: Sequence[int]) -> dict[int, frozenset[str] | None]:
+        """What the holders of released ``slots`` wrote (None: a slot that does not say)."""
+        out: dict[int, frozenset[str] | None] = dict.fromkeys(slots)
+        if not slots:
+            return out
+        got = self._run(user_id, "read the write lease", lambda c: c.get(
+            ids=[_slot(n) for n in slots], include=["documents"]), create=False)
+        for i, doc in zip(got["ids"] if got else [], (got["documents"] or []) if got else []):
+            out[int(i)] = _noted(doc or "")
+        return out
+
     def release(self, lease: Lease) -> None:
-        """Mark the lease free (its journal cleared); a lease already taken over is left alone."""
+        """Mark the lease free, its journal replaced by the ids written under it (see
+        :meth:`note`); a lease already taken over is left alone."""
+        with self._guard:
+            if self._holding.get(user_key(lease.user_id)) is lease:
+                del self._holding[user_key(lease.user_id)]
         unit: list[PyEmbedding] = [_UNIT]
         fresh = time.monotonic() - lease.renewed <= self.ttl / 2  # surely still its holder
+        wrote = (NOTE + "*" if len(lease.wrote) > MAX_NOTED
+                 else NOTE + json.dumps(sorted(lease.wrote), separators=(",", ":")))
 
         def free(c: Collection) -> None:
             if not fresh:
@@ -204,7 +275,7 @@ class ChromaLeases:
                 metas = got["metadatas"] or []
                 if not metas or (metas[0] or {}).get("owner") != lease.owner:
                     return
-            c.update(ids=[_slot(lease.slot)], documents=[""], embeddings=unit,
+            c.update(ids=[_slot(lease.slot)], documents=[wrote], embeddings=unit,
                      metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
 
         self._run(lease.user_id, "release the write lease", free, create=False)
@@ -212,3 +283,16 @@ class ChromaLeases:
     def close(self) -> None:
         """Forget cached handles (the client is the vector store's)."""
         self._handles.clear()
+
+
+def _noted(doc: str) -> frozenset[str] | None:
+    """The memory ids a released slot's document lists, or None when it does not list them."""
+    if not doc.startswith(NOTE) or doc == NOTE + "*":
+        return None
+    try:
+        ids = json.loads(doc[len(NOTE):])
+    except ValueError:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return None
+    return frozenset(ids)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ConfigError
-from hybridmem.replica.sync import ServerCache, UserSync, chunks
+from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache, UserSync, chunks
 from hybridmem.sqlite.lexical import SqliteLexicalIndex
 from hybridmem.text import content_words
 
@@ -53,7 +53,7 @@ class ChromaLexicalIndex(ServerCache):
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
-                 refresh_interval: float = 1.0, sweep_interval: float = 30.0) -> None:
+                 refresh_interval: float = REFRESH_INTERVAL, sweep_interval: float = 30.0) -> None:
         if sweep_interval < refresh_interval:
             raise ConfigError("sweep_interval must be >= refresh_interval")
         # the main collection: ChromaVectorStore creates and drops it, this cache only reads it

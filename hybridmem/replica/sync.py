@@ -37,8 +37,11 @@ if TYPE_CHECKING:
     from chromadb.api import ClientAPI
     from chromadb.api.models.Collection import Collection
 
-__all__ = ["BATCH", "ServerCache", "UserSync", "chunks"]
+__all__ = ["BATCH", "REFRESH_INTERVAL", "ServerCache", "UserSync", "chunks"]
 
+#: Seconds between two checks of a user's caches against the server (the default of every
+#: cache that follows the server: graph, lexical index, record copy).
+REFRESH_INTERVAL = 1.0
 #: Records per Chroma request: well under the server's batch limit, and a bounded request size.
 BATCH = 1000
 _HINT = "check that the Chroma server at chroma_url is reachable"

@@ -112,9 +112,10 @@ class Writer:
         self._usage = usage
         #: The users' write locks (shared with the Memory; with a Chroma server, leases). The
         #: writer owns the journal, so it finishes a dead holder's batch; the graph cache feeds
-        #: supersession, so it catches up when another process wrote last.
+        #: supersession and the record copy dedup, so both catch up when another process wrote
+        #: last.
         self.locks = WriteLocks(stores.leases, recover=self._recover_orphan,
-                                refresh=stores.graph.refresh)
+                                refresh=stores.refresh)
 
     # -- the public steps --------------------------------------------------------------------------
     def write(

@@ -1,0 +1,113 @@
+"""Keeping a process's copy of a user's records exact on a shared Chroma server.
+
+Why: embedded, the record copy (:mod:`hybridmem.chroma.record_cache`) serves a search's
+hydration and filtered listings from memory, and the vector query asks Chroma for ids and
+distances only. On a Chroma server without a copy each of those reads is an HTTP round trip
+(a 5,000-memory user's context() paid two: the query with documents and metadata, ~15 ms, and
+the hydration of lexical and graph candidates, ~17 ms). The copy is kept there too, and this
+module keeps it in step with what other processes write.
+
+How: every write of a user's memories runs under the user's lease, and a lease's release says
+which memory ids its holder wrote (:mod:`hybridmem.replica.lease`). A check reads the lease's
+slots (one small read); when no slot was taken since the last check nothing changed. Otherwise
+it reads what the new, released slots' holders wrote and fetches just those memories: the
+ones found replace their copies, the others are gone. What this process wrote itself is in the
+copy already (the vector store updates it after each write), so its own slots are skipped.
+
+Consistency (the rules of the graph and lexical replicas, see docs/server-mode.md):
+
+- A process sees its own writes at once, and another process's writes at its first check after
+  the lease was released: checks run before a read at most every ``interval`` seconds, and at
+  once when this process takes a lease another process held last (a write then plans from what
+  the other wrote).
+- A write still under way (its slot held) is applied when it is released.
+- When the slots cannot say what changed — slots tidied away before this process looked, a
+  holder that died mid-write, a batch that wrote more than the slot lists, the user erased and
+  written again — the copy is dropped and reloaded whole (at the user's next misses, as at the
+  first touch); reads meanwhile go to the server.
+- A memory the vector query returns that the copy lacks (written since the last check) is read
+  from the server for that query, and the next read checks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hybridmem.chroma.record_cache import UserRecords
+from hybridmem.protocols import WriteLog, WriteSlot
+
+__all__ = ["Follower"]
+
+#: Reads records by id from the server: id -> (document, metadata) of those found.
+Fetch = Callable[[list[str]], Mapping[str, tuple[str, Mapping[str, Any]]]]
+
+
+class Follower:
+    """Checks and updates users' record copies from ``log`` (see the module docstring), at
+    most every ``interval`` seconds per user unless forced. The caller holds the user's lock
+    (the vector store's, which its own writes hold) around :meth:`start` + load and around
+    :meth:`check`."""
+
+    def __init__(self, log: WriteLog, *, interval: float) -> None:
+        self.log = log
+        self.interval = interval
+
+    def start(self, user_id: str, records: UserRecords) -> None:
+        """Record the slots as they are before ``records`` are loaded: a write that lands
+        during the load is then applied again at the first check (applying is idempotent)."""
+        records.base = self.log.slots(user_id)
+        records.checked = time.monotonic()
+
+    def due(self, records: UserRecords) -> bool:
+        return time.monotonic() - records.checked >= self.interval
+
+    def check(self, user_id: str, records: UserRecords, fetch: Fetch) -> bool:
+        """Bring ``records`` up to date; False when they cannot be (drop and reload them)."""
+        started = time.monotonic()
+        now = self.log.slots(user_id)
+        seen: dict[int, WriteSlot] | None = records.base
+        if now == seen:
+            records.checked = started
+            return True
+        if now is None:  # no lease: never written, or erased
+            records.checked = started
+            return not len(records) and seen is None
+        if seen is None or _missed(seen, now):
+            return False
+        fresh = [n for n, slot in now.items() if seen.get(n) != slot
+                 and not slot.held and not slot.mine]
+        wrote: set[str] = set()
+        for ids in self.log.changed(user_id, fresh).values():
+            if ids is None:
+                return False
+            wrote.update(ids)
+        if wrote:
+            apply(records, sorted(wrote), fetch)
+        records.base, records.checked = now, started
+        return True
+
+
+def apply(records: UserRecords, ids: list[str], fetch: Fetch) -> None:
+    """Replace the copies of ``ids`` with what the server holds (removed where it has none)."""
+    found = fetch(ids)
+    records.put((i, doc, meta) for i, (doc, meta) in found.items())
+    records.remove(i for i in ids if i not in found)
+
+
+def _missed(seen: Mapping[int, WriteSlot], now: Mapping[int, WriteSlot]) -> bool:
+    """Whether slots taken since ``seen`` may have been tidied away unseen, or the lease was
+    made again (the user erased and written since), or a holder seen at work died."""
+    top = max(seen, default=0)
+    last = max(now, default=0)
+    if last < top:
+        return True
+    if any(n in seen and seen[n].owner != slot.owner for n, slot in now.items()):
+        return True
+    if any(n not in now for n in range(top + 1, last + 1)):
+        return True
+    # a holder seen at work whose slot is gone was taken over: what it half wrote was finished
+    # or undone by its successor, whose slot lists only what the successor wrote itself
+    return any(slot.held and not slot.mine and n not in now for n, slot in seen.items())
+

@@ -1,0 +1,206 @@
+"""The record copy on a shared Chroma server: each process keeps one, and catches up with what
+other processes wrote by reading the write leases' slots and fetching only the memories their
+holders list (hybridmem.chroma.follow). Each "process" here is a store with its own client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from chromadb.api.models.Collection import Collection
+
+from hybridmem import Memory, Settings
+from hybridmem.chroma.client import COLLECTION_PREFIXES, collection_name, is_memories_name
+from hybridmem.chroma.vector import ChromaVectorStore
+from hybridmem.filters import eq
+from hybridmem.models import MemoryItem
+from hybridmem.offline import HashEmbedder, LocalEmbedder
+from hybridmem.replica import lease as lease_module
+from hybridmem.replica.lease import NOTE, ChromaLeases
+from hybridmem.runtime.locks import WriteLocks
+
+EMB = HashEmbedder(32)
+T0 = datetime(2025, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+@dataclass
+class Process:
+    store: ChromaVectorStore
+    leases: ChromaLeases
+    locks: WriteLocks
+
+    def put(self, user: str, items: list[MemoryItem]) -> None:
+        with self.locks(user):
+            self.store.upsert(user, items, EMB.embed_batch([i.text for i in items]))
+
+    def update(self, user: str, items: list[MemoryItem]) -> None:
+        with self.locks(user):
+            self.store.update(user, items)
+
+    def delete(self, user: str, ids: list[str]) -> None:
+        with self.locks(user):
+            self.store.delete(user, ids)
+
+    def everything(self, user: str) -> list[MemoryItem]:
+        return sorted(self.store.list(user), key=lambda i: i.id)
+
+
+@pytest.fixture()
+def process(chroma_server: str) -> Iterator[Any]:
+    made: list[Process] = []
+
+    def make(interval: float = 3600.0) -> Process:
+        store = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server,
+                                  cache_records=True, background_load=False)
+        leases = ChromaLeases(store.client)
+        store.follow(leases, interval=interval)
+        made.append(Process(store, leases, WriteLocks(leases, refresh=store.refresh)))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.store.close()
+
+
+@pytest.fixture()
+def gets(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
+    """The ids of every read by id that reaches Chroma (the real reads, noted on the way)."""
+    seen: list[list[str]] = []
+    real = Collection.get
+
+    def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("ids") is not None and _memories(self.name):
+            seen.append(list(kwargs["ids"]))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Collection, "get", noted)
+    yield seen
+
+
+def _memories(name: str) -> bool:
+    """Whether a collection holds memories (hot or archive), not a lease or graph records."""
+    return is_memories_name(name) or name.startswith(COLLECTION_PREFIXES["archive"])
+
+
+def item(user: str, id_: str, text: str, **fields: Any) -> MemoryItem:
+    return MemoryItem(id=id_, user_id=user, text=text, created_at=T0, updated_at=T0, **fields)
+
+
+def test_a_copy_catches_up_with_only_what_another_process_wrote(
+    process: Any, gets: list[list[str]], unique_user: str
+) -> None:
+    a, b = process(), process()
+    u = unique_user
+    a.put(u, [item(u, f"m{n}", f"Alice bought the kettle number {n}") for n in range(6)])
+    assert [i.id for i in b.everything(u)] == [f"m{n}" for n in range(6)]  # b's copy loads
+    old = b.everything(u)
+    m1 = a.everything(u)[1]
+    a.update(u, [m1.model_copy(update={"importance": 0.9, "access_count": 4})])
+    a.update(u, [a.everything(u)[2].model_copy(update={"superseded_by": "m6"})])  # to archive
+    a.delete(u, ["m3"])
+    a.put(u, [item(u, "m6", "Alice returned the kettle number 2")])
+    assert b.everything(u) == old  # served from b's copy until its next check
+    gets.clear()
+    b.store.refresh(u)
+    fetched = sorted(i for ids in gets for i in ids)  # from the hot and the archive collection
+    assert fetched == sorted(["m1", "m2", "m3", "m6"] * 2)
+    assert b.everything(u) == a.everything(u)
+    assert b.store.get(u, ["m1"])[0].importance == 0.9
+    assert [i.id for i in b.store.list(u, where=eq("current", False))] == ["m2"]
+    # what a process wrote itself is in its copy already: nothing is fetched for it
+    b.put(u, [item(u, "m7", "Bob bought the lamp")])
+    gets.clear()
+    b.store.refresh(u)
+    assert gets == [] and [i.id for i in b.everything(u)][-1] == "m7"
+    a.store.refresh(u)
+    assert a.everything(u) == b.everything(u)
+
+
+def test_a_release_lists_what_its_holder_wrote(process: Any, unique_user: str) -> None:
+    a = process()
+    a.put(unique_user, [item(unique_user, "x1", "one"), item(unique_user, "x2", "two")])
+    a.delete(unique_user, ["x1"])
+    slots = a.leases.slots(unique_user)
+    assert slots is not None and len(slots) == 2
+    assert all(not s.held and s.mine for s in slots.values())
+    assert a.leases.changed(unique_user, sorted(slots)) == {
+        min(slots): frozenset({"x1", "x2"}), max(slots): frozenset({"x1"})}
+    got = a.store.client.get_collection(
+        collection_name(unique_user, "lease")).get(include=["documents"])
+    assert sorted(got["documents"] or []) == [NOTE + '["x1","x2"]', NOTE + '["x1"]']
+
+
+def test_a_copy_that_missed_tidied_slots_reloads_from_the_server(
+    process: Any, unique_user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = process(), process()
+    u = unique_user
+    a.put(u, [item(u, "k1", "Carol bought the tent")])
+    assert len(b.everything(u)) == 1
+    monkeypatch.setattr(lease_module, "STALE_SLOTS", 1)  # each taker deletes the slots below
+    for n in range(2, 5):
+        a.put(u, [item(u, f"k{n}", f"Carol bought tent number {n}")])
+    b.store.refresh(u)  # the slots of k2 and k3 are gone: the copy cannot know what they wrote
+    assert b.store._records.get(u) is None  # type: ignore[union-attr]  # dropped
+    assert b.everything(u) == a.everything(u)  # reloaded whole
+    assert len(b.everything(u)) == 4
+
+
+def test_a_write_plans_from_what_the_last_holder_wrote(process: Any, unique_user: str) -> None:
+    """Taking a lease another process held last catches the copy up first: the placement and
+    dedup a write reads from it are exact under the lease."""
+    a, b = process(), process()
+    u = unique_user
+    a.put(u, [item(u, "p1", "Dan bought the camera")])
+    assert len(b.everything(u)) == 1
+    a.update(u, [a.everything(u)[0].model_copy(update={"superseded_by": "p2"})])
+    # b's copy still says p1 is hot; b's update of p1 must find it in the archive
+    b.update(u, [b.store.get(u, ["p1"])[0].model_copy(update={"category": "camera"})])
+    assert a.store.get(u, ["p1"])[0].category == "camera"
+    assert a.store.get(u, ["p1"])[0].superseded_by == "p2"
+    a.store.refresh(u)
+    assert a.everything(u) == b.everything(u)
+
+
+def test_a_served_context_reads_chroma_once(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With its copy loaded, a server-mode context() makes one nearest-neighbour query (ids and
+    distances) and no read by id: summaries, procedures and candidates are hydrated here."""
+    settings = Settings(data_dir=tmp_path / "hm", chroma_url=chroma_server, extractor="rules")
+    with Memory(settings, embedder=embedder) as mem, Memory(
+            Settings(data_dir=tmp_path / "other", chroma_url=chroma_server, extractor="rules"),
+            embedder=embedder) as other:
+        u = unique_user
+        mem.add_many(u, [f"Erin bought the lamp number {n} at Shop{n % 4}" for n in range(40)]
+                     + [{"text": "Summary: Erin talks about lamps", "kind": "summary"},
+                        {"text": "To return a lamp: print the label", "kind": "procedure"}])
+        for _ in range(2):  # the second miss loads the copy (in the background)
+            mem.context(u, "which lamp did Erin buy?")
+        vectors = mem._stores.vectors  # type: ignore[attr-defined]
+        for loader in list(vectors._loading.loaders.values()):
+            loader.join()
+        mem.refresh(u)
+        calls: list[tuple[str, str, list[str]]] = []
+        for name in ("query", "get"):
+            real = getattr(Collection, name)
+
+            def counted(self: Collection, *args: Any, _real: Any = real, _name: str = name,
+                        **kwargs: Any) -> Any:
+                calls.append((_name, self.name, list(kwargs.get("include") or [])))
+                return _real(self, *args, **kwargs)
+
+            monkeypatch.setattr(Collection, name, counted)
+        ctx = mem.context(u, "where did Erin buy lamp number 7?")
+        assert {line.section for line in ctx.lines} >= {"memories", "episodes", "procedures"}
+        reads = [c for c in calls if _memories(c[1])]
+        assert reads == [("query", reads[0][1], ["distances"])]
+        # a memory another process added since the last check is read from the server
+        calls.clear()
+        new = other.add(u, "Erin bought the brass lamp number 99 at Shop7")
+        hits = mem.search(u, "brass lamp number 99 Shop7", limit=3)
+        assert hits[0].item == new
