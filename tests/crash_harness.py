@@ -18,6 +18,7 @@ from typing import Any
 from hybridmem import Memory, Settings
 from hybridmem.chroma import client as _chroma
 from hybridmem.chroma.client import collection_name
+from hybridmem.replica.lease import NOTE
 
 USER = "crash-user"
 #: Lease lifetime of the server-mode writers: a dead writer's lease is taken over this soon.
@@ -121,8 +122,13 @@ def check_agree(mem: Memory, data_dir: Path, user: str = USER) -> None:
     assert {i.id for i in items if "gadget" in i.text and i.is_current} <= in_graph
     if mem.settings.chroma_url:  # the lexical index is a cache of the vectors' documents there
         client = _chroma.make_client(url=mem.settings.chroma_url)
-        slots = client.get_collection(collection_name(user, "lease")).get(include=["documents"])
-        assert not any(slots["documents"] or []), "a journal was left in the lease"
+        slots = client.get_collection(collection_name(user, "lease")).get(
+            include=["documents", "metadatas"])
+        # a released slot lists what its holder wrote; an intent is on a held slot only
+        assert all((m or {}).get("state") == "free" for m in slots["metadatas"] or []), (
+            "a lease was left held")
+        assert all((d or "").startswith(NOTE) or not d for d in slots["documents"] or []), (
+            "a journal was left in the lease")
         return
     folder = next((data_dir / "users").iterdir())
     assert _ids_in_sqlite(folder / "lexical.sqlite3", "SELECT id FROM ids") == ids
