@@ -195,6 +195,7 @@ def load(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         floor = health_floor(cluster, args.clients)
         run = harness.Load(cluster, users=args.users, clients=args.clients)
         report = run.run(args.seconds, kill=0, kill_at=0.5, down_for=1.0)
+        time.sleep(1.5)  # the documented refresh interval: listings show every write by then
         lost = run.lost()
         converged = run.converge(timeout=300)
         out = {**report.summary(), "floor_health": floor,

@@ -149,11 +149,14 @@ def _open(
     leases = None
     if s.chroma_url and client is not None:  # dedup and supersession across processes
         from hybridmem.replica.lease import ChromaLeases
-        from hybridmem.replica.sync import REFRESH_INTERVAL
+        from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache
 
         leases = ChromaLeases(client, ttl=s.lease_ttl)
         if chroma is not None:  # the record copy catches up as often as the graph and lexicon
             chroma.follow(leases, interval=REFRESH_INTERVAL)
+        for cache in (graph, lexical):  # their checks share the reads of the lease slots
+            if isinstance(cache, ServerCache):
+                cache.watch(leases.slots)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases)
 

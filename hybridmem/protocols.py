@@ -462,9 +462,10 @@ class WriteLog(Protocol):
     :mod:`hybridmem.chroma.follow`). Every write runs under the user's lease, and each lease's
     release says which memory ids its holder wrote."""
 
-    def slots(self, user_id: str) -> dict[int, WriteSlot] | None:
-        """The user's lease slots by number (one small read), or None when the user has no
-        lease (never written, or erased)."""
+    def slots(self, user_id: str, *, fresh: bool = False) -> dict[int, WriteSlot] | None:
+        """The user's lease slots by number (one small read, which other checks falling due
+        at the same moment may share unless ``fresh``), or None when the user has no lease
+        (never written, or erased)."""
 
     def changed(self, user_id: str, slots: Sequence[int]) -> dict[int, frozenset[str] | None]:
         """The memory ids each released slot's holder wrote; None for a slot that does not say

@@ -475,6 +475,7 @@ with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules"),
         mem.add(user, f"I bought the Dell monitor number {i} for the office")  # said by both
         mem.remember(user, "favourite colour", f"colour {base + i}")  # one current value
     barrier("done")
+    mem.refresh(user)  # the other process's last writes, now rather than within a second
     everything = []
     while page := mem.list(user, limit=1000, offset=len(everything), include_superseded=True):
         everything.extend(page)

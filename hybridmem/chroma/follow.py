@@ -40,6 +40,8 @@ from hybridmem.protocols import WriteLog, WriteSlot
 
 __all__ = ["Follower"]
 
+#: ``UserRecords.checked`` of a copy that a read found lacking (see Follower.distrust).
+STALE = float("-inf")
 #: Reads records by id from the server: id -> (document, metadata) of those found.
 Fetch = Callable[[list[str]], Mapping[str, tuple[str, Mapping[str, Any]]]]
 
@@ -57,16 +59,25 @@ class Follower:
     def start(self, user_id: str, records: UserRecords) -> None:
         """Record the slots as they are before ``records`` are loaded: a write that lands
         during the load is then applied again at the first check (applying is idempotent)."""
-        records.base = self.log.slots(user_id)
+        records.base = self.log.slots(user_id, fresh=True)
         records.checked = time.monotonic()
 
     def due(self, records: UserRecords) -> bool:
         return time.monotonic() - records.checked >= self.interval
 
-    def check(self, user_id: str, records: UserRecords, fetch: Fetch) -> bool:
-        """Bring ``records`` up to date; False when they cannot be (drop and reload them)."""
+    @staticmethod
+    def distrust(records: UserRecords) -> None:
+        """A read found a memory the copy lacks: check at the next read, with a fresh read of
+        the slots (not one that other checks share)."""
+        records.checked = STALE
+
+    def check(self, user_id: str, records: UserRecords, fetch: Fetch, *,
+              fresh: bool = False) -> bool:
+        """Bring ``records`` up to date; False when they cannot be (drop and reload them).
+        ``fresh``: read the slots now (a write is about to plan from the copy), not share a
+        read other checks just made."""
         started = time.monotonic()
-        now = self.log.slots(user_id)
+        now = self.log.slots(user_id, fresh=fresh or records.checked == STALE)
         seen: dict[int, WriteSlot] | None = records.base
         if now == seen:
             records.checked = started
@@ -76,10 +87,10 @@ class Follower:
             return not len(records) and seen is None
         if seen is None or _missed(seen, now):
             return False
-        fresh = [n for n, slot in now.items() if seen.get(n) != slot
-                 and not slot.held and not slot.mine]
+        released = [n for n, slot in now.items() if seen.get(n) != slot
+                    and not slot.held and not slot.mine]
         wrote: set[str] = set()
-        for ids in self.log.changed(user_id, fresh).values():
+        for ids in self.log.changed(user_id, released).values():
             if ids is None:
                 return False
             wrote.update(ids)

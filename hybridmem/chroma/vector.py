@@ -247,7 +247,8 @@ class ChromaVectorStore:
         with self._user_lock.hold(user_id):
             if not force and not follower.due(records):  # another thread just checked
                 return records
-            if follower.check(user_id, records, lambda ids: self._server_rows(user_id, ids)):
+            if follower.check(user_id, records, lambda ids: self._server_rows(user_id, ids),
+                              fresh=force):
                 return records
             log.info("the record copy of a user cannot follow the server's changes; reloading")
             self._drop_cached(user_id)
@@ -475,7 +476,7 @@ class ChromaVectorStore:
         cached = self._cached(user_id, load=False)
         if cached is not None and self._follower is not None and any(
                 cached.row(i) is None for i in ids):
-            cached.checked = float("-inf")  # written by another process since the last check
+            self._follower.distrust(cached)  # written by another process since the last check
             cached = None
         return self._sections(user_id, ids, wheres, cached)
 
@@ -745,7 +746,7 @@ class ChromaVectorStore:
                     if row is None and self._follower is not None:
                         # written by another process since the last check: read it from the
                         # server this time, and check at the next read
-                        cached.checked = float("-inf")
+                        self._follower.distrust(cached)
                         return self._query(user_id, vectors, limit, where, archive, None)
                     if row is None:  # not in the copy: it cannot be trusted any more
                         self._drop_cached(user_id)

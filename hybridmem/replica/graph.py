@@ -237,7 +237,7 @@ class ChromaGraphStore(ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
-            marker = self._marker(user_id)
+            marker = self._marker(user_id, fresh=force)
             if marker is not None and marker == st.marker and st.checked is not None:
                 st.checked = started  # nobody took the lease since the last check: no change
                 return st

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.runtime.files import user_key
+from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import StorageError, StoreBusyError
 from hybridmem.protocols import WriteSlot
 
@@ -81,6 +82,8 @@ STALE_SLOTS = 64
 MAX_NOTED = 4096
 #: How a released slot's document starts (an intent, on a held slot, is a JSON object).
 NOTE = "wrote:"
+#: Seconds a read of a user's slots serves other checks (see ChromaLeases.slots).
+SHARE = 0.25
 #: Users whose last lease owner a process remembers.
 MAX_REMEMBERED = 4096
 _UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched
@@ -122,6 +125,9 @@ class ChromaLeases:
         self._mine: OrderedDict[str, None] = OrderedDict()
         #: user key -> the lease this store holds now
         self._holding: dict[str, Lease] = {}
+        #: user key -> (when, the slots) of the last read by slots(), and one read at a time
+        self._recent: OrderedDict[str, tuple[float, dict[int, WriteSlot] | None]] = OrderedDict()
+        self._reading = UserLocks()
         self._guard = threading.Lock()
 
     def __repr__(self) -> str:
@@ -234,18 +240,33 @@ class ChromaLeases:
             if lease is not None:
                 lease.wrote.update(ids)
 
-    def slots(self, user_id: str) -> dict[int, WriteSlot] | None:
+    def slots(self, user_id: str, *, fresh: bool = False) -> dict[int, WriteSlot] | None:
         """The user's slots by number, or None when the user has no lease collection (see
-        :class:`~hybridmem.protocols.WriteLog`)."""
-        got = self._run(user_id, "read the write lease",
-                        lambda c: c.get(include=["metadatas"]), create=False)
-        if got is None:
-            return None
-        with self._guard:
-            return {int(i): WriteSlot(owner=str((m or {}).get("owner")),
+        :class:`~hybridmem.protocols.WriteLog`).
+
+        Unless ``fresh``, a read started at most :data:`SHARE` seconds ago answers: the checks
+        of a user's graph, lexical index and record copy fall due together (each once per
+        refresh interval), and one read of the slots serves them all; one that arrives while a
+        read is in flight waits for it."""
+        key = user_key(user_id)
+        with self._reading.hold(key):
+            kept = self._recent.get(key)
+            if not fresh and kept is not None and time.monotonic() - kept[0] <= SHARE:
+                return kept[1]
+            started = time.monotonic()
+            got = self._run(user_id, "read the write lease",
+                            lambda c: c.get(include=["metadatas"]), create=False)
+            with self._guard:
+                view = None if got is None else {
+                    int(i): WriteSlot(owner=str((m or {}).get("owner")),
                                       held=(m or {}).get("state") == "held",
                                       mine=(m or {}).get("owner") in self._mine)
                     for i, m in zip(got["ids"], got["metadatas"] or [])}
+                self._recent[key] = (started, view)
+                self._recent.move_to_end(key)
+                while len(self._recent) > MAX_REMEMBERED:
+                    self._recent.popitem(last=False)
+            return view
 
     def changed(self, user_id: str, slots: Sequence[int]) -> dict[int, frozenset[str] | None]:
         """What the holders of released ``slots`` wrote (None: a slot that does not say)."""

@@ -96,7 +96,7 @@ class ChromaLexicalIndex(ServerCache):
             sweep = force or st.swept is None or started - st.swept >= self.sweep_interval
             if not sweep and not self._due(st, False):
                 return st
-            marker = self._marker(user_id)  # unchanged: nobody wrote since (see replica.sync)
+            marker = self._marker(user_id, fresh=force)  # unchanged: nobody wrote since (see replica.sync)
             if marker is not None and st.checked is not None and not force:
                 if sweep and marker == st.swept_marker:
                     st.checked = st.swept = started  # no text can have changed since the sweep

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ClosedError, ConfigError
+from hybridmem.protocols import WriteSlot
 from hybridmem.runtime.files import user_key
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class ServerCache:
         self._users: dict[str, UserSync] = {}
         self._guard = threading.Lock()
         self._closed = False
+        self._slots: Callable[..., dict[int, WriteSlot] | None] | None = None  # see watch()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(users_cached={len(self._users)})"
@@ -114,12 +116,24 @@ class ServerCache:
         return self._handles.run(self._name_of(user_id), call, user_id=user_id, what=what,
                                  create=create)
 
-    def _marker(self, user_id: str) -> object:
+    def watch(self, slots: Callable[..., dict[int, WriteSlot] | None]) -> None:
+        """Read the lease slots through ``slots`` (:meth:`ChromaLeases.slots
+        <hybridmem.replica.lease.ChromaLeases.slots>`), whose reads the checks of a user's
+        caches that fall due together share, instead of one read per cache."""
+        self._slots = slots
+
+    def _marker(self, user_id: str, *, fresh: bool = False) -> object:
         """The user's lease slots (ids, owners, states), or None when a write is under way or
         there is no lease: one small read. Every write of a user's memories, graph records or
         documents runs under the lease (:mod:`hybridmem.replica.lease`), and every taking of it
         adds a slot with a fresh owner, so while the marker stays the same nothing was written:
-        a check then costs this read, whatever the user's size."""
+        a check then costs this read, whatever the user's size. ``fresh``: not a read another
+        check shared (see :meth:`watch`)."""
+        if self._slots is not None:
+            view = self._slots(user_id, fresh=fresh)
+            if not view or any(slot.held for slot in view.values()):
+                return None
+            return tuple(sorted((n, slot.owner) for n, slot in view.items()))
         got = self._handles.run(_chroma.collection_name(user_id, "lease"),
                                 lambda c: c.get(include=["metadatas"]),
                                 user_id=user_id, what="read the write lease")
