@@ -1,41 +1,50 @@
-"""Compacted graph snapshots in the Chroma server, so a process's first read of a user loads one
-snapshot and replays only the records written after it, instead of replaying every record.
+"""Compacted snapshots in the Chroma server, so a process's first read of a user loads one
+snapshot and replays or fetches only what was written after it, instead of everything.
 
 Why: replaying a graph record resolves its entities against the graph built so far (~0.65 ms a
 record), so a process that replayed all 5,000 records of a user spent ~1.4 s before its first
-answer; loading the resolved graph costs what an embedded ``graph.json`` load costs.
+answer; loading the resolved graph costs what an embedded ``graph.json`` load costs. Likewise
+the lexical cache's first look fetched every document of the user (5k: ~0.46 s), where one
+text snapshot is one small read.
 
 **What is stored.** The user's side collection ``s-<user key>``
-(:func:`hybridmem.chroma.client.collection_name`, kind ``"snapshot"``) holds:
+(:func:`hybridmem.chroma.client.collection_name`, kind ``"snapshot"``) holds two kinds of
+snapshot, each a head and its parts, with metadata keys of its own (so a filter on one kind's
+keys never touches the other's records: Chroma's ``$ne`` matches a record without the key):
 
-- *parts* ``<snap>.<n>``: the snapshot's payload cut into pieces of at most :data:`PART_CHARS`
-  characters, in the metadata value ``data``, with ``snap`` (its id) and ``part`` (n). The
-  payload is one JSON line listing the graph record ids the snapshot *covers*, a newline, then
-  the graph in the ``graph.json`` format (:func:`hybridmem.graph.fileformat.to_json_bytes`),
-  compressed with zlib and base64-encoded (:data:`CODEC`).
-- the *head* ``head``: metadata ``snap`` (the current snapshot), ``parts`` (how many), ``covers``
-  (how many records), ``codec`` and ``ts``.
+- the *graph snapshot* (:func:`write`, :func:`read`): parts ``<snap>.<n>`` (metadata ``snap``,
+  ``part``, ``data``) and the head ``head`` (``snap``, ``parts``, ``covers``: how many records,
+  ``codec``, ``ts``). Its payload is one JSON line listing the graph record ids the snapshot
+  *covers*, a newline, then the graph in the ``graph.json`` format
+  (:func:`hybridmem.graph.fileformat.to_json_bytes`).
+- the *text snapshot* (:func:`write_texts`, :func:`read_texts`): parts ``lexical.<snap>.<n>``
+  (``lexical``, ``lpart``, ``data``) and the head ``lexical`` (``lexical``, ``lparts``,
+  ``count``, ``codec``, ``ts``). Its payload is JSON: memory ids, each text's
+  :func:`~hybridmem.text.text_hash` and the texts (see :mod:`hybridmem.replica.lexical`).
 
-Why metadata and compression: Chroma indexes every *document* for full-text search, so a
-megabyte stored as a document costs the server about three times what the same megabyte costs
-as a metadata value, and compressed (random-looking) text about ten times (measured on one
-``chroma run`` at 10k memories: a 1 MB part 0.62 s as a document, 0.19 s as metadata; zlib
-makes the 3.4 MB payload 0.5 MB in 20 ms). A snapshot is rewritten as its user grows (see
-:func:`due`), so this cost recurs in writes.
+A payload is compressed with zlib, base64-encoded (:data:`CODEC`) and cut into pieces of at
+most :data:`PART_CHARS` characters, each in its part's *metadata* value ``data``. Why metadata
+and compression: Chroma indexes every *document* for full-text search, so a megabyte stored as
+a document costs the server about three times what the same megabyte costs as a metadata value,
+and compressed (random-looking) text about ten times (measured on one ``chroma run`` at 10k
+memories: a 1 MB part 0.62 s as a document, 0.19 s as metadata; zlib makes the 3.4 MB graph
+payload 0.5 MB in 20 ms). Snapshots are rewritten as their user grows (see :func:`due`), so
+this cost recurs in writes.
 
-**Writing** (:func:`write`): every part of the new snapshot is added first, then the head is
-switched to it, then parts of other snapshots are deleted. So a writer killed at any step leaves
-the head on a snapshot whose parts are all there (the old one until the switch, the new one after),
-and parts nobody points at are deleted by the next write.
+**Writing** (:func:`_put`): every part of the new snapshot is added first, then the head is
+switched to it, then parts of the kind's other snapshots are deleted. So a writer killed at any
+step leaves the head on a snapshot whose parts are all there (the old one until the switch, the
+new one after), and parts nobody points at are deleted by the next write.
 
-**Reading** (:func:`read`): one ``get`` of the collection; the head's parts, joined. Any doubt (no
-head, a part missing because two writers raced, text that does not parse) returns None and the
-caller replays every record, which is always right: a snapshot only saves work.
+**Reading** (:func:`_get`): one ``get`` of the kind's head and parts; joined and decoded. Any
+doubt (no head, a part missing because two writers raced, a payload that does not decode or
+parse, a head of another codec) returns None and the caller does without: it replays every
+record, or fetches every document, which is always right: a snapshot only saves work.
 
-A snapshot is exactly the replay of the records it covers, so a reader computes what to do from
-ids alone: records the server has and the snapshot does not cover are replayed (the *tail*);
-covered records the server no longer has mean their memory was removed or rewritten since, and
-that memory is dropped and replayed from its remaining records.
+A graph snapshot is exactly the replay of the records it covers, so a reader computes what to do
+from ids alone: records the server has and the snapshot does not cover are replayed (the
+*tail*); covered records the server no longer has mean their memory was removed or rewritten
+since, and that memory is dropped and replayed from its remaining records.
 """
 
 from __future__ import annotations
