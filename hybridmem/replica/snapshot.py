@@ -31,10 +31,12 @@ memories: a 1 MB part 0.62 s as a document, 0.19 s as metadata; zlib makes the 3
 payload 0.5 MB in 20 ms). Snapshots are rewritten as their user grows (see :func:`due`), so
 this cost recurs in writes.
 
-**Writing** (:func:`_put`): every part of the new snapshot is added first, then the head is
-switched to it, then parts of the kind's other snapshots are deleted. So a writer killed at any
-step leaves the head on a snapshot whose parts are all there (the old one until the switch, the
-new one after), and parts nobody points at are deleted by the next write.
+**Writing** (:func:`_put`): every part of the new snapshot is added first, and the head is
+switched to it in the request that carries the last parts (after them: a snapshot of at most
+:data:`PARTS_PER_CALL` parts is one request); then parts of the kind's other snapshots are
+deleted. So a writer killed at any step leaves the head on a snapshot whose parts are all there
+(the old one until the switch, the new one after: a request cut off while it is sent is not a
+request the server runs), and parts nobody points at are deleted by the next write.
 
 **Reading** (:func:`_get`): one ``get`` of the kind's head and parts; joined and decoded. Any
 doubt (no head, a part missing because two writers raced, a payload that does not decode or
@@ -208,20 +210,22 @@ def _these(kind: _Kind, cond: dict[_Op, str | int | float | bool],
 
 def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
          extra: Metadata) -> None:
-    """Store ``payload`` as snapshot ``snap`` of ``kind``, compressed into metadata parts; then
-    switch the head to it; then delete the parts of the kind's other snapshots."""
+    """Store ``payload`` as snapshot ``snap`` of ``kind``, compressed into metadata parts, with
+    the head switched to it in the request that carries the last parts (after them); then delete
+    the parts of the kind's other snapshots. Each Chroma write costs a round trip whatever its
+    size (on a busy server ~0.2-0.4 s), so the head rides along instead of going alone."""
     text = base64.b64encode(zlib.compress(payload, LEVEL)).decode("ascii")
     pieces = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)] or [""]
     ids = [f"{kind.prefix}{snap}.{n}" for n in range(len(pieces))]
     metas: list[Metadata] = [{kind.key: snap, kind.part: n, "data": piece}
                              for n, piece in enumerate(pieces)]
+    ids.append(kind.head)
+    metas.append({kind.key: snap, kind.parts: len(pieces), "codec": CODEC, "ts": time.time(),
+                  **extra})
     units: list[PyEmbedding] = [_UNIT] * len(ids)
-    for lo in range(0, len(ids), PARTS_PER_CALL):
-        hi = lo + PARTS_PER_CALL
+    for lo in range(0, len(pieces), PARTS_PER_CALL):
+        hi = lo + PARTS_PER_CALL if lo + PARTS_PER_CALL < len(pieces) else len(ids)
         collection.upsert(ids=ids[lo:hi], embeddings=units[lo:hi], metadatas=metas[lo:hi])
-    head: Metadata = {kind.key: snap, kind.parts: len(pieces), "codec": CODEC,
-                      "ts": time.time(), **extra}
-    collection.upsert(ids=[kind.head], documents=[snap], embeddings=units[:1], metadatas=[head])
     collection.delete(where=_these(kind, {"$gte": 0}, snap))
 
 
@@ -251,9 +255,10 @@ def _get(collection: Collection, kind: _Kind) -> tuple[str, bytes] | None:
         return None
 
 
-def due(tail: int, covered: int, *, minimum: int) -> bool:
+def due(tail: int, covered: int, *, minimum: int, share: int = 40) -> bool:
     """Whether a tail of ``tail`` records past a snapshot of ``covered`` is worth a new one: at
     least ``minimum`` records, so a reader replays at most about that many, and at least a
-    fortieth of the snapshot, so rewriting snapshots costs O(records written) overall."""
-    return tail >= max(minimum, covered // 40)
+    ``share``-th of the snapshot, so rewriting snapshots costs O(records written) overall (a
+    smaller ``share`` writes less often and leaves a longer tail)."""
+    return tail >= max(minimum, covered // share)
 
