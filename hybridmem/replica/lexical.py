@@ -68,7 +68,7 @@ class ChromaLexicalIndex(ServerCache):
     **Text snapshots.** A process's first look at a user starts from the user's *text snapshot*
     (:func:`hybridmem.replica.snapshot.read_texts`: memory id -> text hash and text, compressed
     in the user's snapshot collection) instead of fetching every document: it lists the ids,
-    asks the server which snapshot texts no longer carry the hash the snapshot has for them
+    asks the server which memories carry a text hash other than the snapshot's for them
     (:meth:`_stale`: a ``text_hash`` filter, chunked by id), and fetches only those and the ids
     the snapshot lacks. Writers keep the snapshot: a write that deletes or rewrites a memory the
     snapshot holds rewrites it at once without that text (a forgotten or edited text leaves no
@@ -249,8 +249,8 @@ class ChromaLexicalIndex(ServerCache):
         return kept
 
     def _stale(self, user_id: str, entries: Mapping[str, tuple[str, str]]) -> set[str]:
-        """The ids among ``entries`` whose document on the server no longer has the entry's text
-        hash: one request per chunk of ids, each asking for the chunk's records whose
+        """The ids among ``entries`` whose document on the server has a text hash other than the
+        entry's: one request per chunk of ids, each asking for the chunk's records whose
         ``text_hash`` is none of the chunk's hashes. (A text changed to exactly the text of
         another memory of the same chunk keeps a known hash and is not found; the next sweep
         re-indexes it.)"""
