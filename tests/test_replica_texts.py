@@ -138,7 +138,7 @@ def test_graph_snapshots_leave_the_text_snapshot_alone(
     graph.close(), index.close()
 
 
-def test_forgetting_or_editing_a_text_leaves_no_copy_in_the_text_snapshot(
+def test_forgetting_or_editing_a_text_or_the_user_leaves_no_copy_in_the_text_snapshot(
     chroma_server: str, vectors: ChromaVectorStore, unique_user: str
 ) -> None:
     writer = ChromaLexicalIndex(url=chroma_server)
@@ -164,6 +164,10 @@ def test_forgetting_or_editing_a_text_leaves_no_copy_in_the_text_snapshot(
     assert fresh.search(unique_user, "zanzibar", limit=5) == []
     assert fresh.search(unique_user, "quokka", limit=5) == []
     assert [i for i, _ in fresh.search(unique_user, "password", limit=5)] == ["edited"]
+    vectors.drop_user(unique_user)
+    fresh.drop_user(unique_user)  # forgetting the user: no text of theirs stays in a snapshot
+    assert texts(chroma_server, unique_user) is None
+    assert not [m for m in col.get(include=["metadatas"])["metadatas"] if "lexical" in m]
     writer.close(), other.close(), fresh.close()
 
 

@@ -313,9 +313,12 @@ class ChromaLexicalIndex(ServerCache):
         return [g for g in got if g is not None]
 
     def drop_user(self, user_id: str) -> None:
-        """Drop this process's cache of the user (the vector store drops the documents)."""
+        """Drop this process's cache of the user and the user's text snapshot (the vector store
+        drops the documents; the graph store drops the whole snapshot collection, but a text
+        snapshot holds texts, so it goes here whatever graph store the user has)."""
         st = self._state(user_id)
         with st.lock:
+            self._on_snapshots(user_id, "delete the text snapshot", snapshot.drop_texts)
             self._index.drop_user(user_id)
             self._handles.forget(self._name_of(user_id))
             self._handles.forget(_chroma.collection_name(user_id, "archive"))
