@@ -4,11 +4,14 @@ state, and a forgotten memory survives in no snapshot. Real `chroma run`, real s
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,16 @@ def snapshots(url: str, user: str) -> Any:
     return _chroma.make_client(url=url).get_collection(_chroma.collection_name(user, "snapshot"))
 
 
+def stored(url: str, user: str) -> bytes:
+    """What the user's snapshot collection holds, decoded: the current snapshot's graph and
+    record ids (and no record of another snapshot is left)."""
+    col = snapshots(url, user)
+    current = snapshot.read(col)
+    assert current is not None
+    assert {m["snap"] for m in col.get()["metadatas"]} == {current.snap}
+    return current.graph + str(sorted(current.covers)).encode()
+
+
 def state(store: ChromaGraphStore, user: str) -> Any:
     return store._users[user_key(user)]  # white-box: which snapshot the cache started from
 
@@ -69,6 +82,26 @@ def test_a_first_read_loads_the_snapshot_and_replays_only_the_tail(
         s.close()
 
 
+def test_a_snapshot_is_stored_compressed_in_metadata_not_in_documents(
+    chroma_server: str, unique_user: str
+) -> None:
+    """Chroma full-text indexes every document, so a snapshot kept there costs the writer several
+    times more: the parts carry no document, and their ``data`` is the compressed payload."""
+    store = ChromaGraphStore(url=chroma_server)
+    store.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+    got = snapshots(chroma_server, unique_user).get(include=["documents", "metadatas"])
+    parts = sorted((m["part"], d, m["data"]) for i, d, m in
+                   zip(got["ids"], got["documents"], got["metadatas"]) if i != snapshot.HEAD)
+    assert parts and all(doc is None for _, doc, _ in parts)
+    payload = "".join(data for _, _, data in parts)
+    raw = zlib.decompress(base64.b64decode(payload))
+    assert len(payload) < len(raw) / 2
+    covers, _, graph = raw.partition(b"\n")
+    assert graph == store._cache.snapshot(unique_user)
+    assert sorted(json.loads(covers)) == sorted(state(store, unique_user).record_ids)
+    store.close()
+
+
 def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
     chroma_server: str, unique_user: str
 ) -> None:
@@ -77,11 +110,11 @@ def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
     items.append(("secret", Extraction(entities=[Entity(name="Zanzibar vault", type="place")],
                                        extractor="test")))
     writer.add_extractions(unique_user, items)
-    assert "zanzibar" in str(snapshots(chroma_server, unique_user).get()["documents"]).lower()
+    assert b"zanzibar" in stored(chroma_server, unique_user).lower()
     other = ChromaGraphStore(url=chroma_server)  # a process that never saw this snapshot
     other.remove_memory(unique_user, ["secret"], erase=True)
-    docs = snapshots(chroma_server, unique_user).get()["documents"]
-    assert docs and "zanzibar" not in str(docs).lower()
+    assert b"zanzibar" not in stored(chroma_server, unique_user).lower()
+    assert "zanzibar" not in str(snapshots(chroma_server, unique_user).get()).lower()
     fresh = ChromaGraphStore(url=chroma_server)
     assert fresh.entity(unique_user, "Zanzibar vault") is None
     assert len(fresh.entities(unique_user)) == 37 + 53
@@ -109,8 +142,8 @@ def test_an_unusable_snapshot_falls_back_to_replaying_every_record(
     reader = ChromaGraphStore(url=chroma_server)
     assert view(reader, unique_user) == view(writer, unique_user)
     assert state(reader, unique_user).snap is None
-    col.upsert(ids=[f"{snap}.0"], documents=["not json\n{"], embeddings=[[1.0]],
-               metadatas=[{"snap": snap, "part": 0}])
+    col.upsert(ids=[f"{snap}.0"], embeddings=[[1.0]], metadatas=[{
+        "snap": snap, "part": 0, "data": base64.b64encode(zlib.compress(b"not json\n{")).decode()}])
     again = ChromaGraphStore(url=chroma_server)
     assert view(again, unique_user) == view(writer, unique_user)
     for s in (writer, reader, again):

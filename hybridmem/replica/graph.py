@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import InvalidInputError, StorageError
 from hybridmem.graph.activation import FOCUS, SESSION, TOPIC, Similar
+from hybridmem.graph.fileformat import gc_paused
 from hybridmem.graph.state import Links
 from hybridmem.graph.store import NetworkXGraphStore
 from hybridmem.models import (
@@ -288,10 +289,11 @@ class ChromaGraphStore(ServerCache):
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
             return
         covers = sorted(st.record_ids)
-        raw = self._cache.snapshot(user_id)
+        with gc_paused():  # the collector would walk the whole graph, again and again
+            raw = self._cache.snapshot(user_id)
         snap = snapshot.new_id()
         created: _chroma.CollectionMeta = {
-            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
+            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
         try:
             self._handles.run(_snapshots(user_id), lambda c: snapshot.write(c, snap, covers, raw),
                               user_id=user_id, what="store the graph snapshot", create=created)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ClosedError, ConfigError
 from hybridmem.protocols import WriteSlot
+from hybridmem.replica import snapshot
 from hybridmem.runtime.files import user_key
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ class UserSync:
     snap: str | None = None
     snap_covers: frozenset[str] = frozenset()
     since_snap: int = 0
+    #: lexical: the text snapshot this process last read or wrote (its entries: memory id ->
+    #: (text hash, text); None: not known), and how many texts it wrote or deleted since
+    texts: snapshot.Texts | None = None
+    since_texts: int = 0
 
 
 class ServerCache:
