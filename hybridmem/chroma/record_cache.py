@@ -11,7 +11,8 @@ collections. That holds in embedded mode, where :class:`~hybridmem.runtime.locks
 data dir to one process and every write of that process goes through the one
 :class:`~hybridmem.chroma.vector.ChromaVectorStore` (which updates the copy after each successful Chroma
 write, and drops it when a write fails part way). A Chroma server is shared by processes this one
-cannot see, so there the store keeps no copy (see the vector store's docstring).
+cannot see: there the copy is caught up with their writes through the users' write leases
+(:mod:`hybridmem.chroma.follow`), within the refresh interval.
 
 A user's copy is loaded whole on first use (10k memories: ~0.3 s; the layout is the vector
 store's: id -> (document, flat metadata)) and the least recently used users beyond ``max_users``
