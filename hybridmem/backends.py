@@ -154,9 +154,9 @@ def _open(
         leases = ChromaLeases(client, ttl=s.lease_ttl)
         if chroma is not None:  # the record copy catches up as often as the graph and lexicon
             chroma.follow(leases, interval=REFRESH_INTERVAL)
-        for cache in (graph, lexical):  # their checks share the reads of the lease slots
+        for cache in (graph, lexical):  # they follow the leases' notes too
             if isinstance(cache, ServerCache):
-                cache.watch(leases.slots)
+                cache.watch(leases)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases)
 

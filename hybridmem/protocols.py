@@ -47,6 +47,7 @@ __all__ = [
     "Reporting",
     "StoreReport",
     "TokenCounter",
+    "GRAPH_NOTE",
     "VectorHit",
     "VectorStore",
     "WriteLog",
@@ -456,6 +457,10 @@ class WriteSlot:
     mine: bool
 
 
+#: How a graph record's id starts in a lease's note (memory ids, which notes list bare, are hex).
+GRAPH_NOTE = "g:"
+
+
 class WriteLog(Protocol):
     """Which of a user's memories other processes changed: what a process's copy of the user's
     records needs to stay exact on a shared Chroma server (see
@@ -472,7 +477,8 @@ class WriteLog(Protocol):
         (a holder that wrote too many to list, or a slot since removed)."""
 
     def note(self, user_id: str, ids: Sequence[str]) -> None:
-        """Remember that this process wrote ``ids`` under the user's lease it holds now."""
+        """Remember that this process wrote ``ids`` under the user's lease it holds now:
+        memory ids, and graph record ids after :data:`GRAPH_NOTE`."""
 
 
 class Lease(Protocol):

@@ -19,7 +19,9 @@ from hybridmem.filters import eq
 from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 from hybridmem.replica import lease as lease_module
+from hybridmem.replica.graph import ChromaGraphStore
 from hybridmem.replica.lease import NOTE, ChromaLeases
+from hybridmem.replica.lexical import ChromaLexicalIndex
 from hybridmem.runtime.locks import WriteLocks
 
 EMB = HashEmbedder(32)
@@ -201,3 +203,65 @@ def test_a_served_context_reads_chroma_once(
         assert {line.section for line in ctx.lines} >= {"memories", "episodes", "procedures"}
         reads = [c for c in calls if _memories(c[1])]
         assert reads == [("query", reads[0][1], ["distances"])]
+
+
+def test_the_graph_and_lexical_checks_fetch_only_what_the_slots_list(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After another process's write, a check of the graph and of the lexical index reads the
+    records the released slot lists, by id: no listing of every id (O(changes))."""
+    monkeypatch.setattr(lease_module, "SHARE", 0.0)  # each check reads the slots itself
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    lexical = ChromaLexicalIndex(url=chroma_server, refresh_interval=0.0)
+    graph = ChromaGraphStore(url=chroma_server, refresh_interval=0.0)
+    try:
+        with Memory(settings, embedder=embedder) as a, Memory(
+                Settings(data_dir=tmp_path / "b", chroma_url=chroma_server, extractor="rules"),
+                embedder=embedder, lexical_index=lexical, graph_store=graph) as b:
+            a.add_many(u, [f"Gina bought the Shop{n} tent number {n}" for n in range(30)])
+            assert b.search(u, "tent number 3")  # b's first look lists everything
+            new = a.add(u, "Gina bought the Vexo kettle from Shop11")
+            calls: list[tuple[str, list[str] | None, Any]] = []
+            real = Collection.get
+
+            def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+                calls.append((self.name, kwargs.get("ids"), kwargs.get("include")))
+                return real(self, *args, **kwargs)
+
+            monkeypatch.setattr(Collection, "get", noted)
+            hits = b.search(u, "Vexo kettle", limit=3)
+            monkeypatch.undo()
+            assert hits[0].item.id == new.id and hits[0].breakdown.lexical_rank == 1
+            assert [e.name for e in b.entities(u) if "Vexo" in e.name]  # in b's graph
+            graph_key = collection_name(u, "graph")
+            # (b's record copy may load meanwhile: it reads documents, not a listing of ids)
+            listings = [name for name, ids, include in calls if ids is None and include == []
+                        and (_memories(name) or name == graph_key)]
+            assert listings == []
+            fetched = {i for name, ids, _ in calls if ids and name != collection_name(u, "lease")
+                       for i in ids}
+            assert new.id in fetched and any(i.startswith(new.id + "~") for i in fetched)
+    finally:
+        lexical.close()
+        graph.close()
+
+
+def test_checks_falling_due_together_share_one_read_of_the_slots(
+    process: Any, unique_user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = process()
+    a.put(unique_user, [item(unique_user, "s1", "one")])
+    reads = [0]
+    real = Collection.get
+
+    def counted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        reads[0] += self.name == collection_name(unique_user, "lease")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Collection, "get", counted)
+    monkeypatch.setattr(lease_module, "SHARE", 3600.0)
+    first = a.leases.slots(unique_user, fresh=True)
+    assert a.leases.slots(unique_user) == first and reads[0] == 1  # shared
+    assert a.leases.slots(unique_user, fresh=True) == first and reads[0] == 2  # a read of its own

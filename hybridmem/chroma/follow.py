@@ -36,9 +36,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hybridmem.chroma.record_cache import UserRecords
-from hybridmem.protocols import WriteLog, WriteSlot
+from hybridmem.protocols import GRAPH_NOTE, WriteLog, WriteSlot
 
-__all__ = ["Follower"]
+__all__ = ["Follower", "missed", "written"]
 
 #: ``UserRecords.checked`` of a copy that a read found lacking (see Follower.distrust).
 STALE = float("-inf")
@@ -85,15 +85,10 @@ class Follower:
         if now is None:  # no lease: never written, or erased
             records.checked = started
             return not len(records) and seen is None
-        if seen is None or _missed(seen, now):
+        noted = written(self.log, user_id, seen, now)
+        if noted is None:
             return False
-        released = [n for n, slot in now.items() if seen.get(n) != slot
-                    and not slot.held and not slot.mine]
-        wrote: set[str] = set()
-        for ids in self.log.changed(user_id, released).values():
-            if ids is None:
-                return False
-            wrote.update(ids)
+        wrote = {i for i in noted if not i.startswith(GRAPH_NOTE)}
         if wrote:
             apply(records, sorted(wrote), fetch)
         records.base, records.checked = now, started
@@ -107,7 +102,25 @@ def apply(records: UserRecords, ids: list[str], fetch: Fetch) -> None:
     records.remove(i for i in ids if i not in found)
 
 
-def _missed(seen: Mapping[int, WriteSlot], now: Mapping[int, WriteSlot]) -> bool:
+def written(log: WriteLog, user_id: str, seen: Mapping[int, WriteSlot] | None,
+            now: Mapping[int, WriteSlot]) -> set[str] | None:
+    """The ids other processes noted in the slots released since ``seen`` (see
+    :class:`~hybridmem.protocols.WriteLog`); None when the slots cannot say (see
+    :func:`missed`, and a holder that noted too many to list). The caches of the graph and the
+    lexical index follow the server this way too (:mod:`hybridmem.replica.sync`)."""
+    if seen is None or missed(seen, now):
+        return None
+    released = [n for n, slot in now.items() if seen.get(n) != slot
+                and not slot.held and not slot.mine]
+    out: set[str] = set()
+    for ids in log.changed(user_id, released).values():
+        if ids is None:
+            return None
+        out.update(ids)
+    return out
+
+
+def missed(seen: Mapping[int, WriteSlot], now: Mapping[int, WriteSlot]) -> bool:
     """Whether slots taken since ``seen`` may have been tidied away unseen, or the lease was
     made again (the user erased and written since), or a holder seen at work died."""
     top = max(seen, default=0)

@@ -44,6 +44,7 @@ from hybridmem.models import (
     as_utc,
     utcnow,
 )
+from hybridmem.protocols import GRAPH_NOTE
 from hybridmem.replica import snapshot
 from hybridmem.replica.sync import BATCH, REFRESH_INTERVAL, ServerCache, UserSync, chunks
 
@@ -140,6 +141,7 @@ class ChromaGraphStore(ServerCache):
                 ), create=created)
 
         with st.lock:
+            self._note(user_id, [GRAPH_NOTE + i for i in ids])  # first: see the vector store's
             # the records travel while this thread resolves them into the cache (a 500-memory
             # batch: ~1 s of each), then the write waits for both
             upload = self._workers.submit(store)
@@ -169,11 +171,12 @@ class ChromaGraphStore(ServerCache):
             return
         st = self._state(user_id)
         with st.lock:
+            gone = set(mids)  # under the lease the cache knows every record (see WriteLocks)
+            self._note(user_id, [GRAPH_NOTE + r for r in st.record_ids if _memory_of(r) in gone])
             for part in chunks(mids):
                 where = _of_memories(part)
                 self._run(user_id, "delete graph records", lambda c: c.delete(where=where))
             self._cache.remove_memory(user_id, mids)
-            gone = set(mids)
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in gone}
             st.since_snap += len(mids)
             if erase:  # no snapshot may keep what a forgotten memory said
@@ -195,7 +198,9 @@ class ChromaGraphStore(ServerCache):
         items += [(m, Extraction(extractor="import")) for m in linked if m not in known]
         st = self._state(user_id)
         with st.lock:
-            for part in chunks(self._record_ids(user_id)):
+            listed = self._record_ids(user_id)
+            self._note(user_id, [GRAPH_NOTE + r for r in listed])
+            for part in chunks(listed):
                 self._run(user_id, "replace the graph", lambda c: c.delete(ids=list(part)))
             self._cache.drop_user(user_id)
             st.record_ids.clear()
@@ -238,18 +243,31 @@ class ChromaGraphStore(ServerCache):
             if not self._due(st, force):
                 return st
             started = time.monotonic()
-            marker = self._marker(user_id, fresh=force)
+            marker, view = self._look(user_id, fresh=force)
             if marker is not None and marker == st.marker and st.checked is not None:
                 st.checked = started  # nobody took the lease since the last check: no change
                 return st
+            noted = None if marker is None else self._written(user_id, st, view)
             if st.checked is None:  # a first look at the user: start from the snapshot
                 self._load_snapshot(user_id, st)
-            remote = set(self._record_ids(user_id))
-            gone, new = st.record_ids - remote, remote - st.record_ids
+            if noted is not None:  # the graph records the slots list: O(changes)
+                listed = sorted(i[len(GRAPH_NOTE):] for i in noted if i.startswith(GRAPH_NOTE))
+                present = {i for part in chunks(listed) for i in self._present(user_id, part)}
+                gone = {r for r in listed if r not in present and r in st.record_ids}
+                new = present - st.record_ids
+                remote = (st.record_ids - gone) | new
+            else:
+                remote = set(self._record_ids(user_id))
+                gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
-            st.checked, st.marker = started, marker
+            st.checked, st.marker, st.slots = started, marker, view
             return st
+
+    def _present(self, user_id: str, ids: Sequence[str]) -> list[str]:
+        """Those of the graph record ``ids`` the server holds."""
+        got = self._run(user_id, "read graph records", lambda c: c.get(ids=list(ids), include=[]))
+        return got["ids"] if got else []
 
     # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
     def _load_snapshot(self, user_id: str, st: UserSync) -> None:

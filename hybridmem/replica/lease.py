@@ -82,8 +82,9 @@ STALE_SLOTS = 64
 MAX_NOTED = 4096
 #: How a released slot's document starts (an intent, on a held slot, is a JSON object).
 NOTE = "wrote:"
-#: Seconds a read of a user's slots serves other checks (see ChromaLeases.slots).
-SHARE = 0.25
+#: Seconds a read of a user's slots serves other checks (see ChromaLeases.slots): the checks of
+#: one context() fall within it; a check may see the slots that much late.
+SHARE = 0.05
 #: Users whose last lease owner a process remembers.
 MAX_REMEMBERED = 4096
 _UNIT = [1.0]  # Chroma wants a vector per record; slots are never searched

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ConfigError, StorageError
+from hybridmem.protocols import GRAPH_NOTE
 from hybridmem.replica import snapshot
 from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache, UserSync, chunks
 from hybridmem.sqlite.lexical import SqliteLexicalIndex
@@ -131,7 +132,8 @@ class ChromaLexicalIndex(ServerCache):
             sweep = force or st.swept is None or started - st.swept >= self.sweep_interval
             if not sweep and not self._due(st, False):
                 return st
-            marker = self._marker(user_id, fresh=force)  # unchanged: nobody wrote since (see replica.sync)
+            # unchanged: nobody wrote since (see replica.sync)
+            marker, view = self._look(user_id, fresh=force)
             if marker is not None and st.checked is not None and not force:
                 if sweep and marker == st.swept_marker:
                     st.checked = st.swept = started  # no text can have changed since the sweep
@@ -142,6 +144,12 @@ class ChromaLexicalIndex(ServerCache):
             if st.checked is None and not force and self._start_from_snapshot(user_id, st):
                 st.checked = st.swept = started  # the snapshot's texts were checked (_stale)
                 st.marker = st.swept_marker = marker
+                st.slots = view
+                return st
+            noted = None if sweep or marker is None else self._written(user_id, st, view)
+            if noted is not None:  # what the slots list: O(changes), edits included
+                self._catch_up(user_id, st, sorted(i for i in noted if GRAPH_NOTE not in i))
+                st.checked, st.marker, st.slots = started, marker, view
                 return st
             changed: dict[str, str] = {}
             if sweep:
@@ -157,10 +165,23 @@ class ChromaLexicalIndex(ServerCache):
                 self._cache_delete(user_id, st, gone)
             if changed:
                 self._cache_add(user_id, st, list(changed), list(changed.values()))
-            st.checked, st.marker = started, marker
+            st.checked, st.marker, st.slots = started, marker, view
             if sweep:
                 st.swept, st.swept_marker = started, marker
             return st
+
+    def _catch_up(self, user_id: str, st: UserSync, ids: Sequence[str]) -> None:
+        """Index the server's texts of ``ids`` anew where they changed, and drop those it no
+        longer has."""
+        texts: dict[str, str] = {}
+        for part in chunks(ids):
+            texts.update(self._documents(user_id, part))
+        gone = [i for i in ids if i not in texts and i in st.versions]
+        if gone:
+            self._cache_delete(user_id, st, gone)
+        changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
+        if changed:
+            self._cache_add(user_id, st, list(changed), list(changed.values()))
 
     # -- text snapshots (see hybridmem.replica.snapshot) -----------------------------------------
     def _start_from_snapshot(self, user_id: str, st: UserSync) -> bool:

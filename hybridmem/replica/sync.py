@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ClosedError, ConfigError
-from hybridmem.protocols import WriteSlot
+from hybridmem.chroma.follow import written
+from hybridmem.protocols import WriteLog, WriteSlot
 from hybridmem.replica import snapshot
 from hybridmem.runtime.files import user_key
 
@@ -71,6 +72,8 @@ class UserSync:
     #: unknown, or a write was under way), and as the last lexical sweep saw them
     marker: object = None
     swept_marker: object = None
+    #: the lease slots as the last check saw them (None: unknown; see ServerCache.watch)
+    slots: dict[int, WriteSlot] | None = None
     snap: str | None = None
     snap_covers: frozenset[str] = frozenset()
     since_snap: int = 0
@@ -101,7 +104,7 @@ class ServerCache:
         self._users: dict[str, UserSync] = {}
         self._guard = threading.Lock()
         self._closed = False
-        self._slots: Callable[..., dict[int, WriteSlot] | None] | None = None  # see watch()
+        self._log: WriteLog | None = None  # see watch()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(users_cached={len(self._users)})"
@@ -121,11 +124,36 @@ class ServerCache:
         return self._handles.run(self._name_of(user_id), call, user_id=user_id, what=what,
                                  create=create)
 
-    def watch(self, slots: Callable[..., dict[int, WriteSlot] | None]) -> None:
-        """Read the lease slots through ``slots`` (:meth:`ChromaLeases.slots
-        <hybridmem.replica.lease.ChromaLeases.slots>`), whose reads the checks of a user's
-        caches that fall due together share, instead of one read per cache."""
-        self._slots = slots
+    def watch(self, log: WriteLog) -> None:
+        """Follow the server through the users' write leases ``log``
+        (:class:`~hybridmem.replica.lease.ChromaLeases`): the checks of a user's caches that
+        fall due together share one read of the slots, a check after other processes' writes
+        reads what their released slots list and fetches just that (see
+        :func:`hybridmem.chroma.follow.written`), and this cache's own writes are noted."""
+        self._log = log
+
+    def _note(self, user_id: str, ids: Sequence[str]) -> None:
+        """Note ``ids`` in the lease this process holds (server mode with :meth:`watch`)."""
+        if self._log is not None:
+            self._log.note(user_id, ids)
+
+    def _look(self, user_id: str, *, fresh: bool = False,
+              ) -> tuple[object, dict[int, WriteSlot] | None]:
+        """(:meth:`_marker`, the slots it was made of: None without :meth:`watch`)."""
+        if self._log is None:
+            return self._marker(user_id, fresh=fresh), None
+        view = self._log.slots(user_id, fresh=fresh)
+        if not view or any(slot.held for slot in view.values()):
+            return None, view
+        return tuple(sorted((n, slot.owner) for n, slot in view.items())), view
+
+    def _written(self, user_id: str, st: UserSync, view: dict[int, WriteSlot] | None,
+                 ) -> set[str] | None:
+        """What other processes noted since this cache's last check of the user, or None when
+        the slots cannot say (then the caller lists the server's ids)."""
+        if self._log is None or view is None or st.checked is None:
+            return None
+        return written(self._log, user_id, st.slots, view)
 
     def _marker(self, user_id: str, *, fresh: bool = False) -> object:
         """The user's lease slots (ids, owners, states), or None when a write is under way or
@@ -134,11 +162,8 @@ class ServerCache:
         adds a slot with a fresh owner, so while the marker stays the same nothing was written:
         a check then costs this read, whatever the user's size. ``fresh``: not a read another
         check shared (see :meth:`watch`)."""
-        if self._slots is not None:
-            view = self._slots(user_id, fresh=fresh)
-            if not view or any(slot.held for slot in view.values()):
-                return None
-            return tuple(sorted((n, slot.owner) for n, slot in view.items()))
+        if self._log is not None:
+            return self._look(user_id, fresh=fresh)[0]
         got = self._handles.run(_chroma.collection_name(user_id, "lease"),
                                 lambda c: c.get(include=["metadatas"]),
                                 user_id=user_id, what="read the write lease")
