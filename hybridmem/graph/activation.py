@@ -279,13 +279,14 @@ def _topic(st: UserGraph, pool: AbstractSet[str], named: Sequence[str], topic: f
     if not attrs:
         return
     keys = sorted(attrs)
-    sims = dict(zip(keys, similar(keys, [attrs[k]["name"] for k in keys]), strict=True))
+    # only positive cosines count: when a memory's best is one, it is the best of those
+    sims = {k: cos for k, cos in zip(keys, similar(keys, [attrs[k]["name"] for k in keys]),
+                                     strict=True) if cos > 0}
     for m in pool:
         near = [(cos, k) for k in mem_nodes[m] if (cos := sims.get(k)) is not None]
         if near:
             cos, key = max(near)
-            if cos > 0:
-                give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
+            give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
 
 
 def neighbourhood(
