@@ -174,15 +174,15 @@ def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[t
     through the graph cannot outrank the hit that reached it. RRF: divided by the best score (its
     scores are all far below 1)."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
-    scored = sorted(
-        ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
-        key=lambda pair: (-pair[1], pair[0]),
-    )
-    top = scored[0][1] if scored else 0.0
+    # (-score, id) tuples: a float first sorts fast; equal tuples are equal seeds
+    scored = sorted([(-_base(c, weights, max_lexical, graph=False), c.memory_id)
+                     for c in candidates])
+    top = -scored[0][0] if scored else 0.0
     if top <= 0:
-        return [(m, 0.0) for m, _s in scored]
+        return [(m, 0.0) for _s, m in scored]
     unit = max(top, 1.0) if weights.fusion == "weighted" else top
-    return [(m, s / unit if i < n and s > 0 else 0.0) for i, (m, s) in enumerate(scored)]
+    return [(m, -neg / unit if i < n and -neg > 0 else 0.0)
+            for i, (neg, m) in enumerate(scored)]
 
 
 def fuse(candidates: list[Candidate], weights: Weights,
