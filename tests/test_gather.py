@@ -12,7 +12,10 @@ import pytest
 from chromadb.api.models.Collection import Collection
 
 from hybridmem import Memory, Settings
-from hybridmem.offline import LocalEmbedder
+from hybridmem.chroma.vector import ChromaVectorStore
+from hybridmem.filters import Filter, all_of, eq, parse_where
+from hybridmem.models import MemoryItem
+from hybridmem.offline import HashEmbedder, LocalEmbedder
 
 THINGS = ["kettle", "laptop", "monitor", "tent", "camera", "lamp"]
 PEOPLE = ["Alice", "Bob", "Carol"]
@@ -118,3 +121,63 @@ def test_a_written_summary_is_ranked_at_the_next_context(mem: Memory, unique_use
     mem.forget(unique_user, fresh.id)
     assert fresh.id not in [line.memory_id for line in
                             mem.context(unique_user, question, max_tokens=4000).lines]
+
+
+#: Section filters and the ids of _records() each keeps: equalities on system fields alone
+#: (decided by a lookup in the record copy), with other conditions, and look-alikes that are not
+#: such equalities (a metadata key named like a system field, $ne, $in, a number, $or).
+SECTION_FILTERS: list[tuple[str, Filter | None, list[str]]] = [
+    ("no filter", None, ["f", "s1", "s2", "p", "old", "key"]),
+    ("current", eq("current", True), ["f", "s1", "p", "key"]),
+    ("kind", eq("kind", "summary"), ["s1", "s2"]),
+    ("kind and current", all_of(eq("kind", "summary"), eq("current", True)), ["s1"]),
+    ("kind and metadata", all_of(eq("kind", "summary"), eq("topic", "tents")), ["s2"]),
+    ("metadata named kind", parse_where({"$and": [{"current": True}, {"kind": "summary"}]}),
+     ["s1"]),
+    ("with $or", all_of(eq("current", True), eq("kind", "procedure"),
+                                 parse_where({"$or": [{"topic": "tents"}, {"has_key": False}]})),
+     ["p"]),
+    ("$ne", parse_where({"kind": {"$ne": "summary"}}), ["f", "p", "old", "key"]),
+    ("$in", parse_where({"kind": {"$in": ["summary", "procedure"]}}), ["s1", "s2", "p"]),
+    ("a number", all_of(eq("current", True), parse_where({"importance": 0.9})), ["p"]),
+    ("has_key", eq("has_key", True), ["key"]),
+    ("nothing", all_of(eq("kind", "summary"), eq("has_key", True)), []),
+]
+
+
+def _records(user: str) -> list[MemoryItem]:
+    t0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+
+    def item(id_: str, text: str, **fields: Any) -> MemoryItem:
+        return MemoryItem(id=id_, user_id=user, text=text, created_at=t0, updated_at=t0, **fields)
+
+    return [
+        item("f", "Alice bought a tent", metadata={"topic": "tents", "kind": "summary"}),
+        item("s1", "Summary: tents and lamps", kind="summary"),
+        item("s2", "Summary: the old tent", kind="summary", superseded_by="s1",
+             metadata={"topic": "tents"}),
+        item("p", "To pitch a tent: stakes first", kind="procedure", importance=0.9),
+        item("old", "Alice wanted a lamp", superseded_by="f"),
+        item("key", "Prefers green tents", key="tent colour"),
+    ]
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["record copy", "chroma"])
+def test_sections_are_hydrated_as_their_filters_say(
+    tmp_path: Any, unique_user: str, cached: bool
+) -> None:
+    """get_sections hydrates every section from one read; from the record copy a section's
+    top-level equalities on system fields are tested by a lookup, the rest by the filter: each
+    section keeps exactly the records its filter matches, in the order of the ids asked."""
+    emb = HashEmbedder(32)
+    with ChromaVectorStore(embedder_name=emb.name, dimension=32, path=tmp_path / "c",
+                           cache_records=cached, background_load=False) as store:
+        records = _records(unique_user)
+        store.upsert(unique_user, records, emb.embed_batch([r.text for r in records]))
+        for _ in range(2):  # the record copy loads at the second miss
+            store.list(unique_user)
+        asked = ["key", "p", "missing", "old", "s2", "s1", "f"]
+        got = store.get_sections(unique_user, asked, [f for _n, f, _w in SECTION_FILTERS])
+        for (name, _f, want), items in zip(SECTION_FILTERS, got, strict=True):
+            assert [i.id for i in items] == [i for i in asked if i in want], name
+        assert all(i == next(r for r in records if r.id == i.id) for i in got[0])

@@ -9,11 +9,14 @@ from hybridmem.read.ranking import (
     FREQUENCY_CAP,
     Candidate,
     Weights,
+    best,
+    breakdown,
     decay,
     explain,
     frequency,
     fuse,
     last_written,
+    uses_history,
 )
 
 RRF = Weights(fusion="rrf")
@@ -156,6 +159,41 @@ def test_fuse_with_a_limit_is_the_full_ranking_cut(cands: list[Candidate], limit
     cut = fuse(cands, weights, limit)
     assert [(c.memory_id, b) for c, b in cut] == [(c.memory_id, b) for c, b in full[:limit]]
     assert len(cut) == min(limit, len(cands))
+
+
+_weights = st.builds(Weights, recency=st.sampled_from([0.0, -1.0, 0.5, 1.0]),
+                     frequency=st.sampled_from([0.0, -0.5, 0.3]),
+                     importance=st.sampled_from([0.0, 0.3]),
+                     fusion=st.sampled_from(["weighted", "rrf"]))
+_history = st.tuples(st.floats(0, 1e3), st.floats(0, 1e3), st.integers(1, 300),
+                     st.integers(0, 300))
+
+
+@given(_candidates, st.data(), _weights, st.integers(0, 50))
+def test_without_history_weights_no_score_depends_on_ages_and_counts(
+    cands: list[Candidate], data: st.DataObject, weights: Weights, limit: int
+) -> None:
+    """A search fills ages and counts in for the hits it returns only, when ``uses_history``
+    says no score depends on them: ranking the candidates without them (best) then filling
+    the winners in gives what fuse gives on every candidate filled in."""
+    bare = [Candidate(c.memory_id, vector=c.vector, lexical=c.lexical, graph=c.graph,
+                      importance=c.importance, confidence=c.confidence) for c in cands]
+    for c in cands:
+        c.age_days, c.idle_days, c.mentions, c.accesses = data.draw(_history)
+    full = fuse(cands, weights, limit)
+    if uses_history(weights):
+        return
+    ranked = best(bare, weights, limit)
+    assert [c.memory_id for _s, c in ranked] == [c.memory_id for c, _b in full]
+    filled = {c.memory_id: c for c in cands}
+    again = [breakdown(filled[c.memory_id], score, weights) for score, c in ranked]
+    assert again == [b for _c, b in full]
+
+
+def test_history_weights_are_the_recency_and_frequency_weights_once_clamped() -> None:
+    assert not uses_history(Weights())
+    assert not uses_history(Weights(recency=-1.0, frequency=-0.5, importance=0.5))
+    assert uses_history(Weights(recency=0.1)) and uses_history(Weights(frequency=0.1))
 
 
 @given(st.integers(1, 10_000), st.integers(0, 10_000), st.integers(0, 1000))

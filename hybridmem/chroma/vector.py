@@ -56,7 +56,7 @@ from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecord
 from hybridmem.chroma.reembed import reembed_user
 from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError, StorageError
-from hybridmem.filters import Filter
+from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
 from hybridmem.protocols import StoreReport, VectorHit, WriteLog
 
@@ -486,16 +486,25 @@ class ChromaVectorStore:
     ) -> builtins.list[builtins.list[MemoryItem]]:
         """:meth:`get_sections` from ``cached`` records, or from Chroma when None."""
         if cached is not None:
-            out: builtins.list[builtins.list[MemoryItem]] = [[] for _ in wheres]
-            for i in ids:
-                row = cached.row(i)
-                if row is None:
-                    continue
-                for n, where in enumerate(wheres):
-                    if matches(where, row[1]):
-                        item = self._item(user_id, cached, i)
-                        if item is not None:
-                            out[n].append(item)
+            # Section by section, each id's record read once. A filter's top-level equalities
+            # on system fields to a string or boolean (kind = summary, current = True) are
+            # tested with a lookup first, as matches() tests them: most candidates a summaries
+            # section gets are refused there, and a filter made of such equalities alone is
+            # decided there.
+            records = [(i, row[1]) for i in ids if (row := cached.row(i)) is not None]
+            out: builtins.list[builtins.list[MemoryItem]] = []
+            for where in wheres:
+                parts = where.parts if isinstance(where, AllOf) else (where,)
+                pins = [(p.field, p.value) for p in parts if isinstance(p, Condition)
+                        and p.op == "$eq" and not p.metadata and isinstance(p.value, (str, bool))]
+                kept = records
+                for name, value in pins:
+                    kind = type(value)
+                    kept = [(i, m) for i, m in kept if type(v := m.get(name)) is kind and v == value]
+                if where is not None and len(pins) < len(parts):
+                    kept = [(i, m) for i, m in kept if matches(where, m)]
+                out.append([item for i, _m in kept
+                            if (item := self._item(user_id, cached, i)) is not None])
             return out
         wanted = builtins.list(dict.fromkeys(ids))
         rows: dict[str, tuple[str | None, Mapping[str, Any] | None]] = {}

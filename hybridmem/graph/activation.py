@@ -243,10 +243,12 @@ def activate(
     named = [k for k in own if k in g and nodes[k]["type"] not in UNEXPANDED_TYPES]
     # Focus and topic go to memories of the pool: the seeds and what the spread reached (and
     # has entities). Each gets at most one contribution of each kind, so their order decides
-    # nothing. A named entity's memories of the pool are found from its own memories (a
-    # person's few dozen), not by walking the pool (~1,000 at 10k memories).
+    # nothing. A named entity's memories of the pool are its memories intersected with the
+    # pool, a set operation that walks the smaller side (a person of 100k memories names
+    # thousands; the pool is ~1,000 at 10k memories).
     in_seeds = dict.fromkeys(m for m, _x in seeds)
-    chosen = {k: [m for m in nodes[k]["memory_ids"] if m in acc or m in in_seeds] for k in named}
+    reach = acc.keys() | in_seeds.keys() if named else set()
+    chosen: dict[str, AbstractSet[str]] = {k: nodes[k]["memory_ids"] & reach for k in named}
     if focus > 0:
         for key in named:
             give(chosen[key], focus / len(named), f"{nodes[key]['name']} (named in the query)", 0)
@@ -256,9 +258,10 @@ def activate(
         else:
             pool = {m for m in itertools.chain(in_seeds, acc) if m in mem_nodes}
         _topic(st, pool, named, topic, similar, give)
-    order = sorted(acc.items())  # ids ascending, then by signal: ties stay in id order
-    order.sort(key=lambda item: item[1][0], reverse=True)  # (a stable sort, reversed or not)
-    return {m: (a[0], a[3], a[2]) for m, a in order}
+    # strongest first, ties in id order (ids are unique: the lists are never compared)
+    order = [(-a[0], m, a) for m, a in acc.items()]
+    order.sort()
+    return {m: (a[0], a[3], a[2]) for _s, m, a in order}
 
 
 Give = Callable[[Iterable[str], float, str, int], None]
@@ -276,13 +279,14 @@ def _topic(st: UserGraph, pool: AbstractSet[str], named: Sequence[str], topic: f
     if not attrs:
         return
     keys = sorted(attrs)
-    sims = dict(zip(keys, similar(keys, [attrs[k]["name"] for k in keys]), strict=True))
+    # only positive cosines count: when a memory's best is one, it is the best of those
+    sims = {k: cos for k, cos in zip(keys, similar(keys, [attrs[k]["name"] for k in keys]),
+                                     strict=True) if cos > 0}
     for m in pool:
         near = [(cos, k) for k in mem_nodes[m] if (cos := sims.get(k)) is not None]
         if near:
             cos, key = max(near)
-            if cos > 0:
-                give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
+            give((m,), topic * cos, f"{attrs[key]['name']} (close to the query's topic)", 0)
 
 
 def neighbourhood(

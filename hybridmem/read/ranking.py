@@ -65,8 +65,8 @@ from typing import Literal
 from hybridmem.models import MemoryItem, ScoreBreakdown
 
 __all__ = [
-    "FREQUENCY_CAP", "GRAPH_DAMPING", "Candidate", "Weights", "decay", "explain", "frequency",
-    "fuse", "graph_seeds", "graph_signal", "last_written",
+    "FREQUENCY_CAP", "GRAPH_DAMPING", "Candidate", "Weights", "best", "breakdown", "decay",
+    "explain", "frequency", "fuse", "graph_seeds", "graph_signal", "last_written", "uses_history",
 ]
 
 #: Each graph hop multiplies the graph signal by this factor.
@@ -174,15 +174,15 @@ def graph_seeds(candidates: list[Candidate], weights: Weights, n: int) -> list[t
     through the graph cannot outrank the hit that reached it. RRF: divided by the best score (its
     scores are all far below 1)."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
-    scored = sorted(
-        ((c.memory_id, _base(c, weights, max_lexical, graph=False)) for c in candidates),
-        key=lambda pair: (-pair[1], pair[0]),
-    )
-    top = scored[0][1] if scored else 0.0
+    # (-score, id) tuples: a float first sorts fast; equal tuples are equal seeds
+    scored = sorted([(-_base(c, weights, max_lexical, graph=False), c.memory_id)
+                     for c in candidates])
+    top = -scored[0][0] if scored else 0.0
     if top <= 0:
-        return [(m, 0.0) for m, _s in scored]
+        return [(m, 0.0) for _s, m in scored]
     unit = max(top, 1.0) if weights.fusion == "weighted" else top
-    return [(m, s / unit if i < n and s > 0 else 0.0) for i, (m, s) in enumerate(scored)]
+    return [(m, -neg / unit if i < n and -neg > 0 else 0.0)
+            for i, (neg, m) in enumerate(scored)]
 
 
 def fuse(candidates: list[Candidate], weights: Weights,
@@ -191,43 +191,63 @@ def fuse(candidates: list[Candidate], weights: Weights,
     (export, import) ranks exactly as the original, whatever order its stores list memories in.
     With ``limit``, only the ``limit`` best are returned — the same as slicing the full result —
     and only they get a :class:`ScoreBreakdown` (a search scores a few hundred candidates to
-    return ten; building a pydantic model for each of the others was most of fusion's cost)."""
+    return ten; building a pydantic model for each of the others was most of fusion's cost).
+    :func:`best` and :func:`breakdown` are its two halves."""
+    return [(c, breakdown(c, score, weights)) for score, c in best(candidates, weights, limit)]
+
+
+def uses_history(weights: Weights) -> bool:
+    """Whether a candidate's score depends on its ages and counts (``age_days``, ``idle_days``,
+    ``mentions``, ``accesses``): only with a recency or frequency weight. Without, a search fills
+    them in for the hits it returns only, after :func:`best` (they are what their
+    :func:`breakdown` reports)."""
+    return min(max(weights.recency, 0.0), 1.0) > 0 or min(max(weights.frequency, 0.0), 1.0) > 0
+
+
+def best(candidates: list[Candidate], weights: Weights,
+         limit: int | None = None) -> list[tuple[float, Candidate]]:
+    """The fused score of each candidate (see the module docstring), best first, ties in
+    memory-id order (then in the given order); the ``limit`` best with ``limit``. A candidate
+    without ``age_days`` or ``idle_days`` is not decayed."""
     max_lexical = max((c.lexical or 0.0 for c in candidates), default=0.0)
     recency_w = min(max(weights.recency, 0.0), 1.0)
     frequency_w = min(max(weights.frequency, 0.0), 1.0)
-    scored: list[tuple[float, str, Candidate, float | None]] = []
-    for c in candidates:
-        idle = c.age_days if c.idle_days is None else c.idle_days
-        recency = None if idle is None else decay(idle, weights.half_life_days)
+    # (-score, id, position): tuples of a float first sort fast, and never compare candidates
+    scored: list[tuple[float, str, int, Candidate]] = []
+    for n, c in enumerate(candidates):
         score = _base(c, weights, max_lexical)
-        if recency is not None:
-            score *= 1.0 - recency_w + recency_w * recency
+        idle = c.age_days if c.idle_days is None else c.idle_days
+        if idle is not None:
+            score *= 1.0 - recency_w + recency_w * decay(idle, weights.half_life_days)
         if frequency_w > 0:
             score *= 1.0 + frequency_w * frequency(c.mentions, c.accesses)
         score *= 1.0 + weights.importance * (c.importance - 0.5)
         score *= 0.5 + 0.5 * c.confidence
-        scored.append((score, c.memory_id, c, recency))
-    scored.sort(key=lambda row: (-row[0], row[1]))
+        scored.append((-score, c.memory_id, n, c))
+    scored.sort()
     if limit is not None:
         del scored[max(limit, 0):]
-    return [
-        (c, ScoreBreakdown(
-            vector=c.vector,
-            vector_rank=c.vector_rank,
-            lexical=c.lexical,
-            lexical_rank=c.lexical_rank,
-            graph=graph_signal(c),
-            graph_hops=c.graph_hops,
-            graph_path=c.graph_path,
-            recency=recency,
-            age_days=c.age_days,
-            frequency=frequency(c.mentions, c.accesses),
-            importance=c.importance,
-            confidence=c.confidence,
-            fused=score,
-        ))
-        for score, _id, c, recency in scored
-    ]
+    return [(-neg, c) for neg, _id, _n, c in scored]
+
+
+def breakdown(c: Candidate, score: float, weights: Weights) -> ScoreBreakdown:
+    """The signals behind a candidate's fused ``score`` (from :func:`best`)."""
+    idle = c.age_days if c.idle_days is None else c.idle_days
+    return ScoreBreakdown(
+        vector=c.vector,
+        vector_rank=c.vector_rank,
+        lexical=c.lexical,
+        lexical_rank=c.lexical_rank,
+        graph=graph_signal(c),
+        graph_hops=c.graph_hops,
+        graph_path=c.graph_path,
+        recency=None if idle is None else decay(idle, weights.half_life_days),
+        age_days=c.age_days,
+        frequency=frequency(c.mentions, c.accesses),
+        importance=c.importance,
+        confidence=c.confidence,
+        fused=score,
+    )
 
 
 def _age(days: float) -> str:

@@ -11,10 +11,9 @@ of concurrent searches in one call. What a search leaves behind (access counts) 
 from __future__ import annotations
 
 import contextvars
-import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
@@ -24,7 +23,8 @@ from hybridmem.graph.activation import LINK_FLOOR, LINK_NODES
 from hybridmem.graph.name_vectors import NAME_VECTORS, NameVectors
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.observe import NullObserver, Observer
-from hybridmem.read.ranking import Candidate, Weights, explain, fuse, graph_seeds, last_written
+from hybridmem.read.ranking import (Candidate, Weights, best, breakdown, explain, graph_seeds,
+                                    last_written, uses_history)
 from hybridmem.stores import Stores
 
 __all__ = ["GRAPH_SEED_HITS", "NAME_VECTORS", "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE",
@@ -222,10 +222,11 @@ class Retriever:
                     c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:  # one activation, from the first section's candidates
             with self._observe.stage("graph"):
-                reached = self._activation(user_id, query, [makers[0](m) for m in cands[0]],
-                                           qvec)
+                reached = self._activation(user_id, query, list(cands[0].values()), qvec)
+                # strongest first, ties by id: each section's cut and ranks are canonical
+                strongest = sorted([(-r[0], m) for m, r in reached.items()])
                 for n, pool in enumerate(pools):
-                    _join_graph(reached, list(cands[n]), makers[n], pool)
+                    _join_graph(reached, strongest, cands[n], makers[n], pool)
         missing = [[m for m in cands[n] if m not in items[n]] for n in range(len(sections))]
         wanted = list(dict.fromkeys(m for ids in missing for m in ids))
         if wanted:
@@ -241,23 +242,30 @@ class Retriever:
     def _ranked(self, items: dict[str, MemoryItem], cands: dict[str, Candidate], limit: int,
                 now: datetime) -> list[Hit]:
         """One section's candidates, hydrated, aged at ``now`` and fused into its best ``limit``
-        (expired ones and those its filter refused are dropped)."""
-        for memory_id in list(cands):
+        (expired ones and those its filter refused are dropped).
+
+        As :func:`~hybridmem.read.ranking.fuse`, in its two halves: without a recency or
+        frequency weight no score depends on a candidate's ages and counts, so only the
+        ``limit`` hits returned get them (for their breakdown), not the few hundred candidates."""
+        w = self.weights
+        history = uses_history(w)
+        kept: list[Candidate] = []
+        for memory_id, c in cands.items():
             item = items.get(memory_id)
             if item is None or (item.expires_at is not None and item.expires_at <= now):
-                del cands[memory_id]
                 continue
-            c = cands[memory_id]
-            c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
-            written = last_written(item, now)
-            c.idle_days = max((now - written).total_seconds() / 86400.0, 0.0)
-            c.mentions, c.accesses = item.mention_count, item.access_count
             c.importance, c.confidence = item.importance, item.confidence
-        ranked = fuse(list(cands.values()), self.weights, limit)
-        return [
-            Hit(item=items[c.memory_id], score=b.fused, breakdown=b, why=explain(b))
-            for c, b in ranked
-        ]
+            if history:
+                _fill_history(c, item, now)
+            kept.append(c)
+        hits = []
+        for score, c in best(kept, w, limit):
+            item = items[c.memory_id]
+            if not history:
+                _fill_history(c, item, now)
+            b = breakdown(c, score, w)
+            hits.append(Hit(item=item, score=score, breakdown=b, why=explain(b)))
+        return hits
 
     def _lexical(self, user_id: str, query: str, pool: int) -> list[tuple[str, float]]:
         with self._observe.stage("lexical"):
@@ -291,16 +299,27 @@ class Retriever:
         )
 
 
-def _join_graph(reached: dict[str, tuple[float, int, str]], found: list[str],
-                cand: Callable[[str], Candidate], pool: int) -> None:
+def _fill_history(c: Candidate, item: MemoryItem, now: datetime) -> None:
+    """A candidate's ages (at ``now``) and counts, from its memory."""
+    c.age_days = max((now - item.created_at).total_seconds() / 86400.0, 0.0)
+    c.idle_days = max((now - last_written(item, now)).total_seconds() / 86400.0, 0.0)
+    c.mentions, c.accesses = item.mention_count, item.access_count
+
+
+def _join_graph(reached: dict[str, tuple[float, int, str]], strongest: list[tuple[float, str]],
+                known: Mapping[str, Candidate], cand: Callable[[str], Candidate],
+                pool: int) -> None:
     """Give every candidate the activation reached its graph signal; of the memories only the
-    graph found, the ``pool`` strongest join."""
-    known = set(found)
-    # strongest first, ties by id: the cut and the ranks are canonical
-    strongest = [(-r[0], m) for m, r in reached.items()]
-    fresh = heapq.nsmallest(pool, [t for t in strongest if t[1] not in known])
-    ordered = sorted([t for t in strongest if t[1] in known] + fresh)
-    for rank, (_s, memory_id) in enumerate(ordered, 1):
+    graph found, the ``pool`` strongest join. ``strongest``: ``reached`` as (-signal, id),
+    sorted (strongest first, ties by id), so the cut and the ranks are canonical; ``known``:
+    the section's candidates so far."""
+    fresh = rank = 0
+    for _s, memory_id in strongest:
+        if memory_id not in known:  # (ids are unique: one that joins is not met again)
+            if fresh == pool:
+                continue
+            fresh += 1
+        rank += 1
         c = cand(memory_id)
         c.graph, c.graph_hops, c.graph_path = reached[memory_id]
         c.graph_rank = rank
