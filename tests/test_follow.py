@@ -265,3 +265,16 @@ def test_checks_falling_due_together_share_one_read_of_the_slots(
     first = a.leases.slots(unique_user, fresh=True)
     assert a.leases.slots(unique_user) == first and reads[0] == 1  # shared
     assert a.leases.slots(unique_user, fresh=True) == first and reads[0] == 2  # a read of its own
+
+
+def test_a_user_erased_by_another_process_leaves_no_copy(process: Any, unique_user: str) -> None:
+    a, b = process(), process()
+    u = unique_user
+    a.put(u, [item(u, "e1", "Hal bought the drone")])
+    assert [i.id for i in b.everything(u)] == ["e1"]
+    with a.locks(u):  # as Stores.drop_user erases a user: memories, then the lease
+        a.store.drop_user(u)
+    a.leases.drop_user(u)
+    b.store.refresh(u)
+    assert b.store._records.get(u) is None  # type: ignore[union-attr]  # dropped
+    assert b.everything(u) == [] and b.store.get(u, ["e1"]) == []

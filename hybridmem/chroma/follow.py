@@ -82,9 +82,9 @@ class Follower:
         if now == seen:
             records.checked = started
             return True
-        if now is None:  # no lease: never written, or erased
-            records.checked = started
-            return not len(records) and seen is None
+        if now is None:  # no lease: erased since the copy was loaded, or never taken (a user
+            records.checked = started  # written before leases, unchanged since)
+            return seen is None
         noted = written(self.log, user_id, seen, now)
         if noted is None:
             return False

@@ -143,7 +143,10 @@ class ServerCache:
         if self._log is None:
             return self._marker(user_id, fresh=fresh), None
         view = self._log.slots(user_id, fresh=fresh)
-        if not view or any(slot.held for slot in view.values()):
+        # another process's write under way: what it wrote so far is listed at its release
+        # (this process's own writes, as a background flush of access counts, reach its caches
+        # directly)
+        if not view or any(slot.held and not slot.mine for slot in view.values()):
             return None, view
         return tuple(sorted((n, slot.owner) for n, slot in view.items())), view
 
