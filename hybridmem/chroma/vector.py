@@ -258,14 +258,8 @@ class ChromaVectorStore:
                      ) -> dict[str, tuple[str, Mapping[str, Any]]]:
         """The server's records of ``ids`` (a copy an interrupted move left twice: the one
         :func:`~hybridmem.chroma.layout.resolve` keeps)."""
-        found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
-        for archive in (False, True):
-            got = self._run(user_id, "read the memories", lambda c: c.get(
-                ids=ids, include=["documents", "metadatas"]), archive=archive)
-            for id_, doc, meta in _rows(got["ids"], got["documents"], got["metadatas"]) if got else ():
-                row = (archive, doc or "", meta or {})
-                found[id_] = resolve(found[id_], row)[0] if id_ in found else row
-        return {i: (doc, meta) for i, (_, doc, meta) in found.items()}
+        return self._both_rows(user_id, lambda c: c.get(
+            ids=ids, include=["documents", "metadatas"]))[0]
 
     def _noted(self, user_id: str, ids: Sequence[str]) -> None:
         """Tell the write log (server mode) which memories this store just wrote."""
@@ -278,22 +272,31 @@ class ChromaVectorStore:
         records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
         if self._follower is not None:  # before reading: writes landing meanwhile are redone
             self._follower.start(user_id, records)
+        found, losers = self._both_rows(user_id, lambda c: _chroma.get_paged(
+            c, include=["documents", "metadatas"]))
+        for archive, ids in losers.items():
+            if ids:
+                self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
+        records.put((i, doc, meta) for i, (doc, meta) in found.items())
+        return records
+
+    def _both_rows(self, user_id: str, read: Callable[[Collection], Any],
+                   ) -> tuple[dict[str, tuple[str, Mapping[str, Any]]],
+                              dict[bool, builtins.list[str]]]:
+        """``read`` (a get of documents and metadatas) on both collections: id -> (document,
+        metadata), a copy an interrupted move left twice resolved (see
+        :func:`hybridmem.chroma.layout.resolve`), and the losers' ids by collection (archive?)."""
         found: dict[str, tuple[bool, str, Mapping[str, Any]]] = {}
         losers: dict[bool, builtins.list[str]] = {False: [], True: []}
         for archive in (False, True):
-            got = self._run(user_id, "read the memories", lambda c: _chroma.get_paged(
-                c, include=["documents", "metadatas"]), archive=archive)
+            got = self._run(user_id, "read the memories", read, archive=archive)
             for id_, doc, meta in _rows(got["ids"], got["documents"], got["metadatas"]) if got else ():
                 row = (archive, doc or "", meta or {})
                 if id_ in found:
                     row, loser = resolve(found[id_], row)
                     losers[loser[0]].append(id_)
                 found[id_] = row
-        for archive, ids in losers.items():
-            if ids:
-                self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
-        records.put((i, doc, meta) for i, (_, doc, meta) in found.items())
-        return records
+        return {i: (doc, meta) for i, (_, doc, meta) in found.items()}, losers
 
     def _drop_cached(self, user_id: str) -> None:  # reloaded when next wanted
         self._records.drop(user_id) if self._records is not None else None
