@@ -45,6 +45,7 @@ __all__ = [
     "Reembeddable",
     "Refreshable",
     "Reporting",
+    "Settling",
     "StoreReport",
     "TokenCounter",
     "GRAPH_NOTE",
@@ -265,6 +266,18 @@ class Refreshable(Protocol):
 
 
 @runtime_checkable
+class Settling(Protocol):
+    """A store whose state in a shared server is brought up to date once per lease: after the
+    lease's last write, before its release (Chroma server mode: the lexical cache's text
+    snapshot, stored once per batch rather than once per write of it)."""
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends: store what is owed (a failure is logged, never raised: what
+        it owes saves work only)."""
+        ...
+
+
+@runtime_checkable
 class Pingable(Protocol):
     """A store that can say whether it serves (a service's readiness probe asks it)."""
 
@@ -479,6 +492,10 @@ class WriteLog(Protocol):
     def note(self, user_id: str, ids: Sequence[str]) -> None:
         """Remember that this process wrote ``ids`` under the user's lease it holds now:
         memory ids, and graph record ids after :data:`GRAPH_NOTE`."""
+
+    def holding(self, user_id: str) -> tuple[int, str] | None:
+        """(slot number, owner token) of the user's lease this process holds now, else None: a
+        snapshot written under it names it, so a reader knows which slots' notes came after."""
 
 
 class Lease(Protocol):

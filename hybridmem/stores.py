@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hybridmem.config import Settings
 from hybridmem.protocols import (GraphStore, HistoryLog, Leases, LexicalIndex, Refreshable,
+                                 Settling,
                                  VectorStore)
 from hybridmem.runtime.files import remove_tree, user_dir
 from hybridmem.runtime.locks import DataDirLock
@@ -53,6 +54,12 @@ class Stores:
         self.graph.refresh(user_id)
         if isinstance(self.vectors, Refreshable):
             self.vectors.refresh(user_id)
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends after its last write (server mode): the stores that keep state
+        in the server for other processes store what the lease's writes owe it."""
+        if isinstance(self.lexical, Settling):
+            self.lexical.settle(user_id)
 
     def close(self) -> None:
         """Close every store, even if one fails; the first failure is raised at the end."""

@@ -21,7 +21,7 @@ from hybridmem.offline import HashEmbedder, LocalEmbedder
 from hybridmem.replica import lease as lease_module
 from hybridmem.replica.graph import ChromaGraphStore
 from hybridmem.replica.lease import NOTE, ChromaLeases
-from hybridmem.replica.lexical import ChromaLexicalIndex
+from hybridmem.replica.lexical import TEXTS_TAIL, ChromaLexicalIndex
 from hybridmem.runtime.locks import WriteLocks
 
 EMB = HashEmbedder(32)
@@ -278,3 +278,60 @@ def test_a_user_erased_by_another_process_leaves_no_copy(process: Any, unique_us
     b.store.refresh(u)
     assert b.store._records.get(u) is None  # type: ignore[union-attr]  # dropped
     assert b.everything(u) == [] and b.store.get(u, ["e1"]) == []
+
+
+def test_a_lexical_first_look_fetches_only_what_leases_after_its_text_snapshot_noted(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A text snapshot names the lease it was stored under: stored as a lease ends, a process's
+    first look loads it and fetches the documents later leases noted; stored mid-lease (a
+    forgotten text rewritten out at once), that lease's notes too. No listing of ids, no
+    comparison of text hashes, and the answers of a cache that fetched every document."""
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    queries = ["Qorv kettle", "lamp number 7", "Hana ordered", "Zell blender"]
+
+    def first_look() -> tuple[list[list[str]], set[str]]:
+        """A fresh process's answers to ``queries``, and the ids its lexical cache fetched."""
+        calls: list[tuple[str, Any, Any, Any]] = []
+        real = Collection.get
+
+        def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+            calls.append((self.name, kwargs.get("ids"), kwargs.get("include"),
+                          kwargs.get("where")))
+            return real(self, *args, **kwargs)
+
+        index = ChromaLexicalIndex(url=chroma_server)
+        index.watch(ChromaLeases(index._handles.client))
+        monkeypatch.setattr(Collection, "get", noted)
+        try:
+            found = [[i for i, _ in index.search(u, q, limit=50)] for q in queries]
+        finally:
+            monkeypatch.undo()
+            index.close()
+        mine = [c for c in calls if _memories(c[0])]
+        assert [c for c in mine if c[1] is None or c[3] is not None] == []  # no listing, no hash
+        return found, {i for _, ids, include, _ in mine if include == ["documents"] for i in ids}
+
+    def every_document() -> list[list[str]]:
+        index = ChromaLexicalIndex(url=chroma_server)
+        index._start_from_snapshot = lambda *a: False  # type: ignore[method-assign]
+        try:
+            return [[i for i, _ in index.search(u, q, limit=50)] for q in queries]
+        finally:
+            index.close()
+
+    with Memory(settings, embedder=embedder) as a:
+        batch = a.add_many(u, [f"Hana ordered the Shop{n} lamp number {n}"
+                               for n in range(TEXTS_TAIL)])  # owes a snapshot: stored at its end
+        late = [a.add(u, f"Hana returned the Qorv kettle number {n}").id for n in range(3)]
+        found, fetched = first_look()
+        assert fetched == set(late)
+        assert found == every_document() and set(found[0]) == set(late)
+        gone = batch[7].id
+        assert a.forget(u, gone) == 1  # the snapshot held it: rewritten at once, mid-lease
+        last = a.add(u, "Hana ordered a Zell blender").id
+        found, fetched = first_look()
+        assert fetched == {gone, last}
+        assert found == every_document() and gone not in found[1] and found[3] == [last]

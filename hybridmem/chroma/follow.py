@@ -38,7 +38,7 @@ from typing import Any
 from hybridmem.chroma.record_cache import UserRecords
 from hybridmem.protocols import GRAPH_NOTE, WriteLog, WriteSlot
 
-__all__ = ["Follower", "missed", "written"]
+__all__ = ["Follower", "missed", "written", "written_since"]
 
 #: ``UserRecords.checked`` of a copy that a read found lacking (see Follower.distrust).
 STALE = float("-inf")
@@ -112,6 +112,29 @@ def written(log: WriteLog, user_id: str, seen: Mapping[int, WriteSlot] | None,
         return None
     released = [n for n, slot in now.items() if seen.get(n) != slot
                 and not slot.held and not slot.mine]
+    out: set[str] = set()
+    for ids in log.changed(user_id, released).values():
+        if ids is None:
+            return None
+        out.update(ids)
+    return out
+
+
+def written_since(log: WriteLog, user_id: str, at: tuple[int, str, bool],
+                  now: Mapping[int, WriteSlot]) -> set[str] | None:
+    """The ids noted in the slots released after the lease ``at`` (its slot number and owner
+    token, and whether what is asked for came after the lease's last write: else that slot's
+    own notes count too), this process's own included; None when the slots cannot say: that
+    slot is gone or was taken by another owner (tidied away, or the user erased since), a slot
+    after it is missing, or a holder listed too many to say. Slots still held are left out:
+    their notes come at their release, which a later check (:func:`written`) reads."""
+    first, owner, final = at
+    slot = now.get(first)
+    if slot is None or slot.owner != owner:
+        return None
+    if any(n not in now for n in range(first, max(now) + 1)):
+        return None
+    released = [n for n, s in now.items() if n >= first + final and not s.held]
     out: set[str] = set()
     for ids in log.changed(user_id, released).values():
         if ids is None:

@@ -241,6 +241,12 @@ class ChromaLeases:
             if lease is not None:
                 lease.wrote.update(ids)
 
+    def holding(self, user_id: str) -> tuple[int, str] | None:
+        """(slot, owner token) of the user's lease this store holds now, else None."""
+        with self._guard:
+            lease = self._holding.get(user_key(user_id))
+        return None if lease is None else (lease.slot, lease.owner)
+
     def slots(self, user_id: str, *, fresh: bool = False) -> dict[int, WriteSlot] | None:
         """The user's slots by number, or None when the user has no lease collection (see
         :class:`~hybridmem.protocols.WriteLog`).

@@ -11,7 +11,6 @@ follow the server is :mod:`hybridmem.replica.sync`'s.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import time
@@ -21,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ConfigError, StorageError
-from hybridmem.protocols import GRAPH_NOTE
+from hybridmem.chroma.follow import written_since
+from hybridmem.protocols import GRAPH_NOTE, WriteSlot
 from hybridmem.replica import snapshot
 from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache, UserSync, chunks
 from hybridmem.sqlite.lexical import SqliteLexicalIndex
@@ -37,19 +37,13 @@ __all__ = ["TEXTS_SHARE", "TEXTS_TAIL", "ChromaLexicalIndex"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Texts written or deleted past the last text snapshot before a writer stores a new one, or
-#: an eighth of the snapshot if more (see snapshot.due): a first look fetches at most about
-#: this many documents. A graph snapshot waits for a fortieth only, as replaying a graph record
-#: costs several times what fetching a document costs (10k memories: ~0.65 ms against ~0.1 ms),
-#: while storing either kind of snapshot costs about the same.
+#: a fortieth of the snapshot if more (see snapshot.due): a first look fetches about this many
+#: documents at most, plus what the leases since the snapshot's noted.
 TEXTS_TAIL = 256
-TEXTS_SHARE = 8
+TEXTS_SHARE = 40
 #: Snapshot entries per :meth:`ChromaLexicalIndex._stale` request: two SQL variables each, well
 #: under SQLite's 32,766 per statement.
 STALE_CHUNK = 5000
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=12).digest()
 
 
 class ChromaLexicalIndex(ServerCache):
@@ -64,17 +58,22 @@ class ChromaLexicalIndex(ServerCache):
     most every ``refresh_interval`` seconds, a check lists the collection's ids (cheap) to index
     new documents and drop missing ones; an id keeps its id when its text is edited, so at most
     every ``sweep_interval`` seconds (and on :meth:`refresh`) a *sweep* fetches every document and
-    re-indexes those whose digest changed (10k documents: ~0.8 s).
+    re-indexes those whose text hash changed (10k documents: ~0.8 s).
 
     **Text snapshots.** A process's first look at a user starts from the user's *text snapshot*
-    (:func:`hybridmem.replica.snapshot.read_texts`: memory id -> text hash and text, compressed
-    in the user's snapshot collection) instead of fetching every document: it lists the ids,
-    asks the server which memories carry a text hash other than the snapshot's for them
-    (:meth:`_stale`: a ``text_hash`` filter, chunked by id), and fetches only those and the ids
-    the snapshot lacks. Writers keep the snapshot: a write that deletes or rewrites a memory the
-    snapshot holds rewrites it at once without that text (a forgotten or edited text leaves no
-    copy), and after :data:`TEXTS_TAIL` texts (or an eighth of the snapshot) written since the
-    last one, the writer stores a new one, built from the last and checked the same way.
+    (:func:`hybridmem.replica.snapshot.read_texts`: the index file of the process that stored
+    it, with every memory id and text hash, compressed in the user's snapshot collection) instead
+    of fetching and indexing every document: it loads the file as it is
+    (:meth:`~hybridmem.sqlite.lexical.SqliteLexicalIndex.load`) and fetches the documents that
+    the lease slots noted after the snapshot's lease
+    (:func:`~hybridmem.chroma.follow.written_since`); when the slots cannot say, it lists the ids
+    and asks the server which memories carry a text hash other than the snapshot's
+    (:meth:`_stale`). Writers keep the snapshot: a write that deletes or rewrites a memory the
+    snapshot holds rewrites it at once (a forgotten or edited text leaves no copy), and after
+    :data:`TEXTS_TAIL` texts (or a fortieth of the snapshot) written since the last one, a new
+    one is stored when the lease ends (:meth:`settle`). A snapshot is the writer's own index
+    file once it has caught up with every other process's writes: no document is read to make
+    it.
     """
 
     def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
@@ -107,7 +106,7 @@ class ChromaLexicalIndex(ServerCache):
     def _cache_add(self, user_id: str, st: UserSync, ids: Sequence[str],
                    texts: Sequence[str]) -> None:
         self._index.add(user_id, ids, texts)
-        st.versions.update(zip(ids, map(_digest, texts)))
+        st.versions.update(zip(ids, map(text_hash, texts)))
 
     def _cache_delete(self, user_id: str, st: UserSync, ids: Sequence[str]) -> None:
         self._index.delete(user_id, ids)
@@ -125,15 +124,19 @@ class ChromaLexicalIndex(ServerCache):
         """Compare every document with the server now (a sweep), whatever the intervals."""
         self._sync(user_id, force=True)
 
-    def _sync(self, user_id: str, *, force: bool = False) -> UserSync:
+    def _sync(self, user_id: str, *, force: bool = False, now: bool = False) -> UserSync:
+        """Check the cache against the server when due: at most every ``refresh_interval``
+        (``now``: at once, to be exact before a snapshot is made of it) through the lease notes,
+        and every ``sweep_interval`` (``force``: at once) by comparing every text."""
         st = self._state(user_id)
         with st.lock:
             started = time.monotonic()
-            sweep = force or st.swept is None or started - st.swept >= self.sweep_interval
-            if not sweep and not self._due(st, False):
+            sweep = force or st.swept is None or (
+                not now and started - st.swept >= self.sweep_interval)
+            if not now and not sweep and not self._due(st, False):
                 return st
             # unchanged: nobody wrote since (see replica.sync)
-            marker, view = self._look(user_id, fresh=force)
+            marker, view = self._look(user_id, fresh=force or now)
             if marker is not None and st.checked is not None and not force:
                 if sweep and marker == st.swept_marker:
                     st.checked = st.swept = started  # no text can have changed since the sweep
@@ -141,12 +144,14 @@ class ChromaLexicalIndex(ServerCache):
                 if not sweep and marker == st.marker:
                     st.checked = started
                     return st
-            if st.checked is None and not force and self._start_from_snapshot(user_id, st):
-                st.checked = st.swept = started  # the snapshot's texts were checked (_stale)
+            if st.checked is None and not force and self._start_from_snapshot(user_id, st, view):
+                st.checked = st.swept = started  # the snapshot's texts are checked (see there)
                 st.marker = st.swept_marker = marker
                 st.slots = view
                 return st
             noted = None if sweep or marker is None else self._written(user_id, st, view)
+            if noted is None and now:  # exact, edits included: compare every text
+                sweep = True
             if noted is not None:  # what the slots list: O(changes), edits included
                 self._catch_up(user_id, st, sorted(i for i in noted if GRAPH_NOTE not in i))
                 st.checked, st.marker, st.slots = started, marker, view
@@ -155,7 +160,7 @@ class ChromaLexicalIndex(ServerCache):
             if sweep:
                 texts = self._documents(user_id, None)
                 remote: set[str] = set(texts)
-                changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
+                changed = {i: t for i, t in texts.items() if st.versions.get(i) != text_hash(t)}
             else:
                 remote = self._remote_ids(user_id)
                 for part in chunks(sorted(remote - st.versions.keys())):
@@ -179,63 +184,77 @@ class ChromaLexicalIndex(ServerCache):
         gone = [i for i in ids if i not in texts and i in st.versions]
         if gone:
             self._cache_delete(user_id, st, gone)
-        changed = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
+        changed = {i: t for i, t in texts.items() if st.versions.get(i) != text_hash(t)}
         if changed:
             self._cache_add(user_id, st, list(changed), list(changed.values()))
 
     # -- text snapshots (see hybridmem.replica.snapshot) -----------------------------------------
-    def _start_from_snapshot(self, user_id: str, st: UserSync) -> bool:
-        """A first look at the user from the text snapshot: its texts, less those the server
-        dropped or changed since, plus the documents it lacks. False (nothing done) when there is
-        no usable snapshot: the caller sweeps."""
+    def _start_from_snapshot(self, user_id: str, st: UserSync,
+                             view: dict[int, WriteSlot] | None) -> bool:
+        """A first look at the user from the text snapshot: its index file loaded as it is,
+        then what changed since it was written fetched — what the lease slots noted from the
+        slot it was written under on (``view``), or, when the slots cannot say, the memories
+        whose ids or text hashes differ from the snapshot's. This process's own writes before
+        this look are fetched again (the loaded file replaced them). False (nothing left in the
+        cache) when there is no usable snapshot: the caller sweeps."""
         got = self._read_texts(user_id)
         if got is None:
             return False
-        remote = self._remote_ids(user_id)
-        gone = [i for i in st.versions if i not in remote]  # own writes before this first look
-        if gone:
-            self._cache_delete(user_id, st, gone)
-        kept = {i: e for i, e in got.entries.items() if i in remote}
-        fetch = (remote - kept.keys()) | self._stale(user_id, kept)
-        for i in fetch:
-            kept.pop(i, None)
-        texts = {i: t for i, (_, t) in kept.items()}
-        for part in chunks(sorted(fetch)):
-            texts.update(self._documents(user_id, part))
-        texts = {i: t for i, t in texts.items() if st.versions.get(i) != _digest(t)}
-        if texts:
-            self._cache_add(user_id, st, list(texts), list(texts.values()))
-        st.texts = got
-        log.debug("lexical cache: %d texts from snapshot %s, %d fetched", len(kept), got.snap,
-                  len(fetch))
+        own = list(st.versions)
+        st.versions.clear()
+        if not self._index.load(user_id, got.index):
+            log.warning("ignoring text snapshot %s: not a lexical index file", got.snap)
+            return False
+        st.versions.update(got.hashes)
+        noted = None
+        if got.at is not None and view is not None and self._log is not None:
+            noted = written_since(self._log, user_id, got.at, view)
+        if noted is None:
+            remote = self._remote_ids(user_id)
+            kept = {i: h for i, h in got.hashes.items() if i in remote}
+            noted = (remote ^ got.hashes.keys()) | self._stale(user_id, kept)
+        fetch = sorted({i for i in noted if GRAPH_NOTE not in i}.union(own))
+        self._catch_up(user_id, st, fetch)
+        st.texts = snapshot.Texts(snap=got.snap, hashes=got.hashes, at=got.at)
+        log.debug("lexical cache: %d texts from snapshot %s, %d fetched", len(got.hashes),
+                  got.snap, len(fetch))
         return True
 
     def _keep_texts(self, user_id: str, st: UserSync, ids: Sequence[str]) -> None:
         """After an own write of ``ids`` (under the lease): a snapshot that holds one of them is
         rewritten at once without it (its text was deleted or replaced: no copy may outlive it,
         so a failure here fails the write, which the journal then finishes); otherwise a new
-        snapshot is stored when enough was written since the last (a failure is logged: a
-        snapshot only saves work)."""
+        snapshot is owed when enough was written since the last, and stored when the lease
+        ends (:meth:`settle`; at once without a write log to name the lease)."""
         st.since_texts += len(ids)
+        if st.checked is None:  # a first look, from the snapshot: what it holds is then known
+            self._sync(user_id)
         current = self._current_texts(user_id, st)
         if current is False:  # a head this process cannot read: it may hold the ids
             self._on_snapshots(user_id, "delete the text snapshot", snapshot.drop_texts)
             st.texts = None
             return
-        held = [i for i in ids if current is not None and i in current.entries]
-        if current is not None and held:
-            self._write_texts(user_id, st, {
-                i: e for i, e in current.entries.items() if i not in held})
+        if current is not None and any(i in current.hashes for i in ids):
+            self._write_texts(user_id, st, final=False)
             return
-        if not snapshot.due(st.since_texts, len(current.entries) if current else 0,
-                            minimum=TEXTS_TAIL, share=TEXTS_SHARE):
-            return
-        try:
-            self._write_texts(user_id, st, self._rebuilt(user_id, current))
-        except StorageError as exc:
-            log.warning("text snapshot not stored (%s); first looks fetch more documents", exc)
-            return
-        st.since_texts = 0
+        st.owed = snapshot.due(st.since_texts, len(current.hashes) if current else 0,
+                               minimum=TEXTS_TAIL, share=TEXTS_SHARE)
+        if st.owed and self._log is None:
+            self.settle(user_id)
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends after its last write: store the text snapshot if one is owed
+        (see :class:`~hybridmem.protocols.Settling`). Made now, it lacks nothing this lease
+        wrote, so a first look from it fetches only what later leases noted."""
+        st = self._state(user_id)
+        with st.lock:
+            if not st.owed:
+                return
+            try:
+                self._write_texts(user_id, st, final=True)
+            except StorageError as exc:
+                log.warning("text snapshot not stored (%s); first looks fetch more documents",
+                            exc)
 
     def _current_texts(self, user_id: str,
                        st: UserSync) -> snapshot.Texts | None | Literal[False]:
@@ -246,41 +265,24 @@ class ChromaLexicalIndex(ServerCache):
             st.texts = None
             return None
         if st.texts is None or st.texts.snap != snap:
-            st.texts = self._read_texts(user_id)
-            if st.texts is None or st.texts.snap != snap:
+            got = self._read_texts(user_id)
+            if got is None or got.snap != snap:
                 return False
+            st.texts = snapshot.Texts(snap=got.snap, hashes=got.hashes, at=got.at)
         return st.texts
 
-    def _rebuilt(self, user_id: str, current: snapshot.Texts | None) -> dict[str, tuple[str, str]]:
-        """Every text of the user with its hash, as the server has it now: the snapshot's
-        entries checked as a first look checks them, and the rest fetched (everything when there
-        is no snapshot)."""
-        remote = self._remote_ids(user_id)
-        kept = {} if current is None else {
-            i: e for i, e in current.entries.items() if i in remote}
-        for i in self._stale(user_id, kept):
-            del kept[i]
-        fetched: dict[str, str] = {}
-        if current is None:
-            fetched = self._documents(user_id, None)
-        else:
-            for part in chunks(sorted(remote - kept.keys())):
-                fetched.update(self._documents(user_id, part))
-        kept.update((i, (text_hash(t), t)) for i, t in fetched.items())
-        return kept
-
-    def _stale(self, user_id: str, entries: Mapping[str, tuple[str, str]]) -> set[str]:
-        """The ids among ``entries`` whose document on the server has a text hash other than the
-        entry's: one request per chunk of ids, each asking for the chunk's records whose
+    def _stale(self, user_id: str, hashes: Mapping[str, str]) -> set[str]:
+        """The ids among ``hashes`` whose document on the server has a text hash other than
+        theirs: one request per chunk of ids, each asking for the chunk's records whose
         ``text_hash`` is none of the chunk's hashes. (A text changed to exactly the text of
         another memory of the same chunk keeps a known hash and is not found; the next sweep
         re-indexes it.)"""
         found: set[str] = set()
-        ids = sorted(entries)
+        ids = sorted(hashes)
         for lo in range(0, len(ids), STALE_CHUNK):
             part = ids[lo : lo + STALE_CHUNK]
             among: dict[Literal["$in", "$nin"], list[str | int | float | bool]] = {
-                "$nin": sorted({entries[i][0] for i in part})}
+                "$nin": sorted({hashes[i] for i in part})}
             where: Where = {"text_hash": among}
             for got in self._each(user_id, "check the text snapshot",
                                   lambda c: c.get(ids=part, where=where, include=[])):
@@ -294,12 +296,24 @@ class ChromaLexicalIndex(ServerCache):
             log.warning("text snapshot of a user not read (%s); fetching every document", exc)
             return None
 
-    def _write_texts(self, user_id: str, st: UserSync,
-                     entries: dict[str, tuple[str, str]]) -> None:
+    def _write_texts(self, user_id: str, st: UserSync, *, final: bool) -> None:
+        """Store this process's index of the user as the text snapshot, once it has every
+        other process's writes, naming the lease held now and whether this lease writes
+        nothing more (see :func:`~hybridmem.chroma.follow.written_since`)."""
+        self._sync(user_id, now=True)
+        image = self._index.dump(user_id)
+        if image is None:  # nothing was ever indexed here: no snapshot holds anything either
+            self._on_snapshots(user_id, "delete the text snapshot", snapshot.drop_texts)
+            st.texts, st.since_texts, st.owed = None, 0, False
+            return
+        held = self._log.holding(user_id) if self._log is not None else None
+        at = None if held is None else (*held, final)
         snap = snapshot.new_id()
+        made = snapshot.Texts(snap=snap, hashes=dict(st.versions), index=image, at=at)
         self._on_snapshots(user_id, "store the text snapshot",
-                           lambda c: snapshot.write_texts(c, snap, entries), create=True)
-        st.texts = snapshot.Texts(snap=snap, entries=entries)
+                           lambda c: snapshot.write_texts(c, snap, made), create=True)
+        st.texts = snapshot.Texts(snap=snap, hashes=made.hashes, at=at)
+        st.since_texts, st.owed = 0, False
 
     def _on_snapshots(self, user_id: str, what: str, call: Callable[[Collection], T], *,
                       create: bool = False) -> T | None:
@@ -346,7 +360,7 @@ class ChromaLexicalIndex(ServerCache):
             self._handles.forget(_chroma.collection_name(user_id, "snapshot"))
             st.versions.clear()
             st.checked = st.swept = None
-            st.texts, st.since_texts = None, 0
+            st.texts, st.since_texts, st.owed = None, 0, False
 
     def close(self) -> None:
         """Close and delete the cache; idempotent."""

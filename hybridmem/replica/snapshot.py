@@ -19,8 +19,9 @@ keys never touches the other's records: Chroma's ``$ne`` matches a record withou
   (:func:`hybridmem.graph.fileformat.to_json_bytes`).
 - the *text snapshot* (:func:`write_texts`, :func:`read_texts`): parts ``lexical.<snap>.<n>``
   (``lexical``, ``lpart``, ``data``) and the head ``lexical`` (``lexical``, ``lparts``,
-  ``count``, ``codec``, ``ts``). Its payload is JSON: memory ids, each text's
-  :func:`~hybridmem.text.text_hash` and the texts (see :mod:`hybridmem.replica.lexical`).
+  ``count``, ``codec``, ``ts``). Its payload is one JSON line (the format, memory ids, each
+  text's :func:`~hybridmem.text.text_hash`, and the lease it was written under), a newline,
+  then the user's lexical index file (see :mod:`hybridmem.replica.lexical`).
 
 A payload is compressed with zlib, base64-encoded (:data:`CODEC`) and cut into pieces of at
 most :data:`PART_CHARS` characters, each in its part's *metadata* value ``data``. Why metadata
@@ -66,8 +67,9 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["CODEC", "HEAD", "PART_CHARS", "SCHEMA", "TEXTS_HEAD", "Snapshot", "Texts", "drop_texts", "due",
-           "new_id", "read", "read_texts", "texts_head", "write", "write_texts"]
+__all__ = ["CODEC", "HEAD", "PART_CHARS", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot",
+           "Texts", "drop_texts", "due", "new_id", "read", "read_texts", "texts_head", "write",
+           "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
@@ -76,6 +78,8 @@ SCHEMA = 1
 HEAD = "head"
 #: The id of the record naming the current text snapshot.
 TEXTS_HEAD = "lexical"
+#: The text snapshot's payload format (a reader ignores others: an older one listed texts).
+TEXTS_FORMAT = 2
 #: Characters per part: a bounded request, and far below any document limit of the server.
 PART_CHARS = 1 << 20
 #: Parts per ``upsert`` request.
@@ -117,11 +121,17 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Texts:
-    """A text snapshot as read: its id and, per memory id, the text's
-    :func:`~hybridmem.text.text_hash` and the text."""
+    """A text snapshot as read: its id, per memory id the text's
+    :func:`~hybridmem.text.text_hash`, the lexical index file holding exactly those texts
+    (:meth:`~hybridmem.sqlite.lexical.SqliteLexicalIndex.dump`; empty once loaded, as a process
+    keeps the file, not a second copy), and the lease it was written under, when known: (slot,
+    owner token, whether after the lease's last write). What the slots noted after it, and in
+    it unless the snapshot came after its last write, is what the snapshot may lack."""
 
     snap: str
-    entries: dict[str, tuple[str, str]]
+    hashes: dict[str, str]
+    index: bytes = b""
+    at: tuple[int, str, bool] | None = None
 
 
 def new_id() -> str:
@@ -153,33 +163,40 @@ def read(collection: Collection) -> Snapshot | None:
     return Snapshot(snap=snap, covers=frozenset(covers), graph=graph)
 
 
-def write_texts(collection: Collection, snap: str,
-                entries: Mapping[str, tuple[str, str]]) -> None:
-    """Store text snapshot ``snap``: memory id -> (text hash, text). Parts first, then the
-    head, then other text snapshots' parts go, as :func:`write` does."""
-    ids = sorted(entries)
-    payload = json.dumps({"ids": ids, "hashes": [entries[i][0] for i in ids],
-                          "texts": [entries[i][1] for i in ids]}).encode("ascii")
+def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
+    """Store text snapshot ``snap``: a JSON line of the memory ids, their text hashes and the
+    lease it was written under, then the index file. Parts first, then the head, then other
+    text snapshots' parts go, as :func:`write` does."""
+    ids = sorted(texts.hashes)
+    head = {"v": TEXTS_FORMAT, "ids": ids, "hashes": [texts.hashes[i] for i in ids],
+            "at": list(texts.at) if texts.at is not None else None}
+    payload = json.dumps(head).encode("ascii") + b"\n" + texts.index
     _put(collection, _TEXTS, snap, payload, {"count": len(ids)})
 
 
 def read_texts(collection: Collection) -> Texts | None:
-    """The current text snapshot, or None when there is none or it cannot be trusted."""
+    """The current text snapshot, or None when there is none or it cannot be trusted (one of
+    another format included: the caller then fetches every document)."""
     got = _get(collection, _TEXTS)
     if got is None:
         return None
     snap, payload = got
+    first, _, index = payload.partition(b"\n")
     try:
-        data = json.loads(payload)
-        ids, hashes, texts = data["ids"], data["hashes"], data["texts"]
-    except (ValueError, TypeError, KeyError):
-        ids = hashes = texts = None
-    if not (isinstance(ids, list) and isinstance(hashes, list) and isinstance(texts, list)
-            and len(ids) == len(hashes) == len(texts)
-            and all(isinstance(x, str) for x in (*ids, *hashes, *texts))):
+        head = json.loads(first)
+        ids, hashes, at = head["ids"], head["hashes"], head["at"]
+        version = head.get("v")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        ids = hashes = at = version = None
+    if not (version == TEXTS_FORMAT and isinstance(ids, list) and isinstance(hashes, list)
+            and len(ids) == len(hashes) and all(isinstance(x, str) for x in (*ids, *hashes))
+            and (at is None or (isinstance(at, list) and len(at) == 3 and type(at[0]) is int
+                                and isinstance(at[1], str) and isinstance(at[2], bool)))
+            and index):
         log.warning("ignoring text snapshot %s: it does not parse", snap)
         return None
-    return Texts(snap=snap, entries={i: (h, t) for i, h, t in zip(ids, hashes, texts)})
+    return Texts(snap=snap, hashes=dict(zip(ids, hashes)), index=index,
+                 at=(at[0], at[1], at[2]) if at is not None else None)
 
 
 def texts_head(collection: Collection) -> str | None:

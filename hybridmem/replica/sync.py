@@ -63,7 +63,7 @@ class UserSync:
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     record_ids: set[str] = field(default_factory=set)  # graph: server records replayed
-    versions: dict[str, bytes] = field(default_factory=dict)  # lexical: memory id -> text digest
+    versions: dict[str, str] = field(default_factory=dict)  # lexical: memory id -> text hash
     checked: float | None = None  # monotonic time of the last check's start
     swept: float | None = None  # lexical: last full comparison of texts
     #: graph: the records of the server's snapshot this process last read or wrote (its id in
@@ -77,10 +77,12 @@ class UserSync:
     snap: str | None = None
     snap_covers: frozenset[str] = frozenset()
     since_snap: int = 0
-    #: lexical: the text snapshot this process last read or wrote (its entries: memory id ->
-    #: (text hash, text); None: not known), and how many texts it wrote or deleted since
+    #: lexical: the text snapshot this process last read or wrote (its ids and text hashes;
+    #: None: not known), and how many texts it wrote or deleted since
     texts: snapshot.Texts | None = None
     since_texts: int = 0
+    #: lexical: a new text snapshot is due, stored when the lease ends (see its settle())
+    owed: bool = False
 
 
 class ServerCache:

@@ -170,9 +170,11 @@ class UserLocks:
 class WriteLocks:
     """``with locks(user_id): ...`` — the user's write lock. Re-entrant within a thread. With
     ``leases`` (server mode) the outermost entry also takes the user's lease across processes;
-    ``recover(user_id, intent_json)`` then finishes a dead holder's batch first, and
+    ``recover(user_id, intent_json)`` then finishes a dead holder's batch first,
     ``refresh(user_id)`` brings this process's caches up to date when another process held the
-    lease last. The writer that owns the journal creates its locks and hands both hooks in."""
+    lease last, and ``settle(user_id)`` runs after the section's last write, before the release
+    (not after a failure). The writer that owns the journal creates its locks and hands the
+    hooks in."""
 
     def __init__(
         self,
@@ -180,11 +182,13 @@ class WriteLocks:
         *,
         recover: Callable[[str, str], None] | None = None,
         refresh: Callable[[str], None] | None = None,
+        settle: Callable[[str], None] | None = None,
     ) -> None:
         self._local = UserLocks()
         self.leases = leases
         self._recover = recover
         self._refresh = refresh
+        self._settle = settle
         self._held: dict[str, Lease] = {}  # user -> the lease held (outermost entry)
         self._depth: dict[str, int] = {}  # user -> how deep the holding thread is
         self._guard = threading.Lock()
@@ -257,6 +261,8 @@ class WriteLocks:
             raise
         try:
             yield
+            if self._settle is not None:
+                self._settle(user_id)
         finally:
             with self._guard:
                 del self._held[user_id]

@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from hybridmem.sqlite.bm25 import TOKENIZE, TermIndex, Tokenizer
-from hybridmem.runtime.files import user_key
+from hybridmem.runtime.files import user_dir, user_key
 from hybridmem.sqlite.base import PerUserSqlite, storage_error
-from hybridmem.errors import InvalidInputError
+from hybridmem.errors import ClosedError, InvalidInputError, StorageError
 from hybridmem.text import content_words, normalise
 
 __all__ = ["FILE_NAME", "SqliteLexicalIndex"]
@@ -83,6 +83,7 @@ class SqliteLexicalIndex(PerUserSqlite):
         # guarded by self._lock, like the connections; both go with the user's connection
         self._copies: dict[str, _Copy] = {}
         self._spent: dict[str, float] = {}  # seconds FTS5 spent on the user's searches
+        self._shape: list[tuple[str, ...]] | None = None  # see _tables
 
     def add(self, user_id: str, ids: Sequence[str], texts: Sequence[str]) -> None:
         """Index texts under their memory ids (replacing earlier text of the same id)."""
@@ -129,6 +130,65 @@ class SqliteLexicalIndex(PerUserSqlite):
             copy = self._copy(user_id)
             if copy is not None:
                 copy.terms.delete(ids)
+
+    # -- the index file as bytes: a server-mode cache ships it (hybridmem.replica.lexical) ----
+    def dump(self, user_id: str) -> bytes | None:
+        """The user's index file (None when the user has none): read under the user's lock,
+        between transactions, when the file is whole (a rollback journal writes every page into
+        it at commit). Deleted texts are not in it (see the module docstring)."""
+        with self._user(user_id):
+            if self._conn(user_id, create=False) is None:
+                return None
+            path = user_dir(self._data_dir, user_id, create=False) / self.file_name
+            try:
+                return path.read_bytes()
+            except OSError as exc:
+                raise StorageError(f"could not read the {self.what} {path}: {exc}") from exc
+
+    def load(self, user_id: str, image: bytes) -> bool:
+        """Replace the user's index with ``image`` (a :meth:`dump`); False, and no index left
+        for the user, when it is not a database of exactly this index's tables. Why the check:
+        the image comes from a shared server, and a file with other tables, triggers or views
+        is refused, not trusted."""
+        key = user_key(user_id)
+        with self._user(user_id):
+            with self._lock:
+                if self._closed:
+                    raise ClosedError(
+                        f"the {self.what} is closed; create a new {type(self).__name__}")
+                conn = self._conns.pop(key, None)
+                self._closed_conn(key)
+            if conn is not None:
+                conn.close()
+            folder = user_dir(self._data_dir, user_id, create=True)
+            path, loading = folder / self.file_name, folder / (self.file_name + ".load")
+            try:
+                (folder / (self.file_name + "-journal")).unlink(missing_ok=True)
+                loading.write_bytes(image)
+                os.replace(loading, path)
+            except OSError as exc:
+                raise StorageError(f"could not write the {self.what} {path}: {exc}") from exc
+            try:
+                conn = self._conn(user_id)
+                ok = conn is not None and _tables(conn) == self._tables() \
+                    and conn.execute("PRAGMA quick_check").fetchone() == ("ok",)
+            except (sqlite3.Error, StorageError):
+                ok = False
+            if not ok:
+                self.drop_user(user_id)
+            return ok
+
+    def _tables(self) -> list[tuple[str, ...]]:
+        """What :func:`_tables` finds in a new index of this schema."""
+        if self._shape is None:
+            conn = sqlite3.connect(":memory:")
+            try:
+                for statement in self.schema:
+                    conn.execute(statement)
+                self._shape = _tables(conn)
+            finally:
+                conn.close()
+        return self._shape
 
     def refresh(self, user_id: str) -> None:
         """Nothing to catch up with: every process reads the same file, SQLite keeps it current."""
@@ -212,6 +272,13 @@ class SqliteLexicalIndex(PerUserSqlite):
         """Close every connection and drop the in-memory copies; idempotent."""
         super().close()
         self._tokenizer.close()
+
+
+def _tables(conn: sqlite3.Connection) -> list[tuple[str, ...]]:
+    """Every table, index, trigger and view of the database, with its SQL."""
+    rows = conn.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master "
+                        "ORDER BY type, name").fetchall()
+    return [tuple(str(v) for v in row) for row in rows]
 
 
 def _delete(conn: sqlite3.Connection, ids: Sequence[str]) -> int:

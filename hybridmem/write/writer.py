@@ -115,7 +115,7 @@ class Writer:
         #: supersession and the record copy dedup, so both catch up when another process wrote
         #: last.
         self.locks = WriteLocks(stores.leases, recover=self._recover_orphan,
-                                refresh=stores.refresh)
+                                refresh=stores.refresh, settle=stores.settle)
 
     # -- the public steps --------------------------------------------------------------------------
     def write(
