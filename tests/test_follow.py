@@ -19,7 +19,7 @@ from hybridmem.filters import eq
 from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 from hybridmem.replica import lease as lease_module
-from hybridmem.replica.graph import ChromaGraphStore
+from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
 from hybridmem.replica.lease import NOTE, ChromaLeases
 from hybridmem.replica.lexical import TEXTS_TAIL, ChromaLexicalIndex
 from hybridmem.runtime.locks import WriteLocks
@@ -335,3 +335,44 @@ def test_a_lexical_first_look_fetches_only_what_leases_after_its_text_snapshot_n
         found, fetched = first_look()
         assert fetched == {gone, last}
         assert found == every_document() and gone not in found[1] and found[3] == [last]
+
+
+def test_a_graph_first_look_reads_the_records_noted_after_its_snapshot_without_a_listing(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A graph snapshot names the lease it was stored under (mid-write): a process's first
+    look loads it and reads the graph records noted from that lease on, by id, instead of
+    listing every record id; its graph is the one a replay of every record builds."""
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    with Memory(settings, embedder=embedder) as a:
+        a.add_many(u, [f"Ivo bought the Shop{n} drill number {n}" for n in range(SNAPSHOT_TAIL)])
+        for n in range(3):
+            a.add(u, f"Ivo returned the Brak saw number {n} to Shop{n}")
+    calls: list[tuple[str, Any, Any]] = []
+    real = Collection.get
+
+    def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        calls.append((self.name, kwargs.get("ids"), kwargs.get("include")))
+        return real(self, *args, **kwargs)
+
+    fresh = ChromaGraphStore(url=chroma_server)
+    fresh.watch(ChromaLeases(fresh._handles.client))
+    replayed = ChromaGraphStore(url=chroma_server)
+    replayed._load_snapshot = lambda *a: None  # type: ignore[method-assign]
+    try:
+        monkeypatch.setattr(Collection, "get", noted)
+        loaded = fresh.entities(u)
+        monkeypatch.undo()
+        assert loaded == replayed.entities(u)
+        assert any("Brak" in e.name for e in loaded)
+        graph = collection_name(u, "graph")
+        assert [ids for name, ids, _ in calls if name == graph and ids is None] == []
+        # the snapshot's own lease's records are asked for by id (it was stored mid-write), and
+        # only the later ones are read
+        read = {i for name, ids, include in calls if name == graph and ids and include for i in ids}
+        assert len(read) == 3
+    finally:
+        fresh.close()
+        replayed.close()

@@ -98,7 +98,7 @@ def test_a_snapshot_is_stored_compressed_in_metadata_not_in_documents(
     assert len(payload) < len(raw) / 2
     covers, _, graph = raw.partition(b"\n")
     assert graph == store._cache.snapshot(unique_user)
-    assert sorted(json.loads(covers)) == sorted(state(store, unique_user).record_ids)
+    assert sorted(json.loads(covers)["covers"]) == sorted(state(store, unique_user).record_ids)
     store.close()
 
 

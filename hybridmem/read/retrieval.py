@@ -177,7 +177,11 @@ class Retriever:
         their graph signal from the neighbourhood of the question's best memories and entities.
         The activation is the costliest in-process step of a search (~4 ms at 3,000 memories);
         run per section it would triple a context()'s graph time. Without the graph
-        (``graph_weight`` 0) every section ranks exactly as its own search."""
+        (``graph_weight`` 0) every section ranks exactly as its own search.
+
+        The graph is asked for the query's entities on a reader thread as the gathering starts:
+        a first read of the user then loads the graph (a file, or a server's snapshot and the
+        records after it) while the query is embedded and searched, not after."""
         s, w = self._settings, self.weights
         pools = [pool_size(s.candidates, limit) for limit, _ in sections]
         if not sections:
@@ -202,6 +206,10 @@ class Retriever:
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
             lexical = self._pool().submit(contextvars.copy_context().run,  # a trace's parent
                                           self._lexical, user_id, query, widest)
+        warm: Future[list[str]] | None = None
+        if w.graph > 0 and vector:  # a first read of the user loads the graph meanwhile
+            warm = self._pool().submit(contextvars.copy_context().run,
+                                       self._stores.graph.entities_in, user_id, query)
         qvec: list[float] | None = None
         if vector:
             qvec = self._query_vector(query)
@@ -222,6 +230,8 @@ class Retriever:
                     c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:  # one activation, from the first section's candidates
             with self._observe.stage("graph"):
+                if warm is not None:
+                    warm.result()
                 reached = self._activation(user_id, query, list(cands[0].values()), qvec)
                 # strongest first, ties by id: each section's cut and ranks are canonical
                 strongest = sorted([(-r[0], m) for m, r in reached.items()])

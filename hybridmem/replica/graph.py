@@ -29,6 +29,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridmem.chroma import client as _chroma
+from hybridmem.chroma.follow import written_since
 from hybridmem.errors import InvalidInputError, StorageError
 from hybridmem.graph.activation import FOCUS, SESSION, TOPIC, Similar
 from hybridmem.graph.fileformat import gc_paused
@@ -249,7 +250,9 @@ class ChromaGraphStore(ServerCache):
                 return st
             noted = None if marker is None else self._written(user_id, st, view)
             if st.checked is None:  # a first look at the user: start from the snapshot
-                self._load_snapshot(user_id, st)
+                at = self._load_snapshot(user_id, st)
+                if at is not None and view is not None and self._log is not None:
+                    noted = written_since(self._log, user_id, at, view)
             if noted is not None:  # the graph records the slots list: O(changes)
                 listed = sorted(i[len(GRAPH_NOTE):] for i in noted if i.startswith(GRAPH_NOTE))
                 present = {i for part in chunks(listed) for i in self._present(user_id, part)}
@@ -270,26 +273,28 @@ class ChromaGraphStore(ServerCache):
         return got["ids"] if got else []
 
     # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
-    def _load_snapshot(self, user_id: str, st: UserSync) -> None:
+    def _load_snapshot(self, user_id: str, st: UserSync) -> tuple[int, str, bool] | None:
         """Start the user's cache from the server's snapshot, if there is a usable one; the check
-        that follows replays only what it does not cover. Any failure: nothing is loaded, and the
-        check replays every record."""
+        that follows replays only what it does not cover: what the lease slots noted after the
+        snapshot's lease (returned, when known), else what a listing of the records shows. Any
+        failure: nothing is loaded, and the check replays every record."""
         try:
             got = self._handles.run(_snapshots(user_id), snapshot.read, user_id=user_id,
                                     what="read the graph snapshot")
         except StorageError as exc:
             log.warning("graph snapshot of a user not read (%s); replaying its records", exc)
-            return
+            return None
         if got is None:
-            return
+            return None
         try:
             self._cache.restore(user_id, got.graph)
         except ValueError as exc:  # InvalidInputError and JSON errors are ValueErrors
             log.warning("ignoring graph snapshot %s (%s); replaying records", got.snap, exc)
             self._cache.drop_user(user_id)
-            return
+            return None
         st.record_ids = set(got.covers)
         st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
+        return got.at
 
     def _compact(self, user_id: str, st: UserSync, *, force: bool = False) -> None:
         """Store a new snapshot when enough was written since the last (call with ``st.lock``
@@ -310,10 +315,13 @@ class ChromaGraphStore(ServerCache):
         with gc_paused():  # the collector would walk the whole graph, again and again
             raw = self._cache.snapshot(user_id)
         snap = snapshot.new_id()
+        held = self._log.holding(user_id) if self._log is not None else None
+        at = None if held is None else (*held, False)  # mid-lease: its own notes may follow
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
         try:
-            self._handles.run(_snapshots(user_id), lambda c: snapshot.write(c, snap, covers, raw),
+            self._handles.run(_snapshots(user_id),
+                              lambda c: snapshot.write(c, snap, covers, raw, at),
                               user_id=user_id, what="store the graph snapshot", create=created)
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)

@@ -14,8 +14,9 @@ keys never touches the other's records: Chroma's ``$ne`` matches a record withou
 
 - the *graph snapshot* (:func:`write`, :func:`read`): parts ``<snap>.<n>`` (metadata ``snap``,
   ``part``, ``data``) and the head ``head`` (``snap``, ``parts``, ``covers``: how many records,
-  ``codec``, ``ts``). Its payload is one JSON line listing the graph record ids the snapshot
-  *covers*, a newline, then the graph in the ``graph.json`` format
+  ``codec``, ``ts``). Its payload is one JSON line with the graph record ids the snapshot
+  *covers* and the lease it was written under, a newline, then the graph in the ``graph.json``
+  format
   (:func:`hybridmem.graph.fileformat.to_json_bytes`).
 - the *text snapshot* (:func:`write_texts`, :func:`read_texts`): parts ``lexical.<snap>.<n>``
   (``lexical``, ``lpart``, ``data``) and the head ``lexical`` (``lexical``, ``lparts``,
@@ -112,11 +113,13 @@ _TEXTS = _Kind(head=TEXTS_HEAD, key="lexical", part="lpart", parts="lparts", pre
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A snapshot as read: its id, the graph record ids it covers and the graph file's bytes."""
+    """A snapshot as read: its id, the graph record ids it covers, the graph file's bytes, and
+    the lease it was written under when known (as :attr:`Texts.at`)."""
 
     snap: str
     covers: frozenset[str]
     graph: bytes
+    at: tuple[int, str, bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,13 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes) -> None:
+def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes,
+          at: tuple[int, str, bool] | None = None) -> None:
     """Store snapshot ``snap`` of ``graph`` (``graph.json`` bytes) covering the record ids
-    ``covers``. Parts first, then the head, then other snapshots' parts go (see module)."""
-    payload = json.dumps(sorted(covers)).encode("ascii") + b"\n" + graph
+    ``covers``, written under lease ``at``. Parts first, then the head, then other snapshots'
+    parts go (see module)."""
+    head = {"covers": sorted(covers), "at": list(at) if at is not None else None}
+    payload = json.dumps(head).encode("ascii") + b"\n" + graph
     _put(collection, _GRAPH, snap, payload, {"covers": len(covers)})
 
 
@@ -154,13 +160,18 @@ def read(collection: Collection) -> Snapshot | None:
     snap, payload = got
     first, _, graph = payload.partition(b"\n")
     try:
-        covers = json.loads(first)
+        head = json.loads(first)
     except ValueError:
-        covers = None
-    if not isinstance(covers, list) or not all(isinstance(c, str) for c in covers):
+        head = None
+    if isinstance(head, list):  # as an older release wrote it: the records only
+        head = {"covers": head, "at": None}
+    covers, at = (head.get("covers"), head.get("at")) if isinstance(head, dict) else (None, None)
+    if not isinstance(covers, list) or not all(isinstance(c, str) for c in covers) \
+            or not _lease(at):
         log.warning("ignoring graph snapshot %s: its list of records does not parse", snap)
         return None
-    return Snapshot(snap=snap, covers=frozenset(covers), graph=graph)
+    return Snapshot(snap=snap, covers=frozenset(covers), graph=graph,
+                    at=(at[0], at[1], at[2]) if at is not None else None)
 
 
 def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
@@ -190,13 +201,17 @@ def read_texts(collection: Collection) -> Texts | None:
         ids = hashes = at = version = None
     if not (version == TEXTS_FORMAT and isinstance(ids, list) and isinstance(hashes, list)
             and len(ids) == len(hashes) and all(isinstance(x, str) for x in (*ids, *hashes))
-            and (at is None or (isinstance(at, list) and len(at) == 3 and type(at[0]) is int
-                                and isinstance(at[1], str) and isinstance(at[2], bool)))
-            and index):
+            and _lease(at) and index):
         log.warning("ignoring text snapshot %s: it does not parse", snap)
         return None
     return Texts(snap=snap, hashes=dict(zip(ids, hashes)), index=index,
                  at=(at[0], at[1], at[2]) if at is not None else None)
+
+
+def _lease(at: object) -> bool:
+    """Whether ``at`` is a lease as stored (None, or [slot, owner token, after its last write])."""
+    return at is None or (isinstance(at, list) and len(at) == 3 and type(at[0]) is int
+                          and isinstance(at[1], str) and isinstance(at[2], bool))
 
 
 def texts_head(collection: Collection) -> str | None:
