@@ -538,7 +538,9 @@ class ChromaVectorStore:
             raise InvalidInputError("limit and offset must be >= 0")
         if limit == 0:
             return []
-        cached = self._cached(user_id)
+        # a bounded listing is one short read (context() asks whether a user has any summary
+        # this way): not a miss that loads every record, as an unbounded one is
+        cached = self._cached(user_id, load=limit is None)
         if cached is not None:
             out: builtins.list[MemoryItem] = []
             skip = offset

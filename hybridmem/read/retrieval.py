@@ -156,6 +156,15 @@ class Retriever:
         if executor is not None:
             executor.shutdown(wait=True)
 
+    def warm(self, user_id: str, query: str) -> None:
+        """Start loading what a gathering for the user will read first (a reader thread asks the
+        graph for the query's entities), so a caller that must ask the stores something else
+        first (context(): which sections the user has) overlaps the two; a failure is the
+        gathering's to raise."""
+        if self.weights.graph > 0:
+            self._pool().submit(contextvars.copy_context().run,
+                                self._stores.graph.entities_in, user_id, query)
+
     def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
                now: datetime | None = None) -> list[Hit]:
         """The ``limit`` best memories for ``query`` among those matching ``where``; ages and
