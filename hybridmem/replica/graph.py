@@ -61,6 +61,8 @@ SCHEMA = 1
 #: separator is the right one even if an imported memory id contains it).
 SEP = "~"
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+#: The metadata key holding a graph record's extraction as JSON.
+EXTRACTION = "extraction"
 #: Records added or removed past the last snapshot before the writer stores a new one: a first
 #: read replays at most about this many (see :func:`hybridmem.replica.snapshot.due`).
 SNAPSHOT_TAIL = 256
@@ -84,9 +86,12 @@ class ChromaGraphStore(ServerCache):
     """:class:`~hybridmem.protocols.GraphStore` for server mode: extraction records in Chroma, the
     graph a per-process cache rebuilt from them.
 
-    A record: id ``<memory id>~<token>`` (a fresh uuid per write), document the extraction JSON,
-    metadata ``memory_id``, ``token`` and ``ts`` (epoch seconds: first/last seen, so every process
-    derives the same times). Like :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is
+    A record: id ``<memory id>~<token>`` (a fresh uuid per write), no document, metadata
+    ``extraction`` (the extraction JSON), ``memory_id``, ``token`` and ``ts`` (epoch seconds:
+    first/last seen, so every process derives the same times). The extraction is a metadata
+    value because Chroma indexes every document for full-text search, at about three times the
+    cost of the same bytes as metadata (see :mod:`hybridmem.replica.snapshot`); a record without
+    ``extraction`` is read as the layout of earlier versions, the JSON in its document. Like :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is
     additive and removing a memory removes all its records. A check lists record ids; new ones are
     fetched and replayed, and a memory that lost records is removed and replayed from what is left.
     Entity display names are the first surface form *this process* replayed, so two processes can
@@ -122,10 +127,10 @@ class ChromaGraphStore(ServerCache):
             before = {} if links is False else {b: a for a, b in links}
         tokens = [uuid.uuid4().hex for _ in items]
         ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
-        docs = [e.model_dump_json() for _, e in items]
         metas: list[Metadata] = [
-            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, "")}
-            for (mid, _), tok in zip(items, tokens)
+            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, ""),
+             EXTRACTION: e.model_dump_json()}
+            for (mid, e), tok in zip(items, tokens)
         ]
         units: list[PyEmbedding] = [_UNIT] * len(ids)
         st = self._state(user_id)
@@ -136,8 +141,7 @@ class ChromaGraphStore(ServerCache):
             for lo in range(0, len(ids), BATCH):
                 hi = lo + BATCH
                 self._run(user_id, "store the graph", lambda c: c.upsert(
-                    ids=ids[lo:hi], documents=docs[lo:hi],
-                    embeddings=units[lo:hi], metadatas=metas[lo:hi],
+                    ids=ids[lo:hi], embeddings=units[lo:hi], metadatas=metas[lo:hi],
                 ), create=created)
 
         with st.lock:
@@ -355,7 +359,9 @@ class ChromaGraphStore(ServerCache):
                 continue
             for rid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or []):
                 ts, prev = (meta or {}).get("ts"), (meta or {}).get("prev")
-                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or "",
+                data = (meta or {}).get(EXTRACTION)
+                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid,
+                             data if isinstance(data, str) and data else doc or "",
                              prev if isinstance(prev, str) else ""))
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))
