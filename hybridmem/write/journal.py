@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,9 +165,42 @@ def pending(data_dir: Path) -> Iterator[Intent]:
 
 # -- applying an intent ------------------------------------------------------------------------
 def apply(stores: Stores, intent: Intent) -> None:
-    """Every store write of the batch after the vectors' upsert (the commit point), in order:
-    the lexical index, the graph, changed fields, supersession, deletions, the history. Each
-    step is idempotent, so recovery may repeat it."""
+    """Every store write of the batch after the vectors' upsert (the commit point): the lexical
+    index, the graph, changed fields, supersession and deletions in that order, and meanwhile,
+    in a thread of its own, the history. Each step is idempotent, so recovery may repeat it.
+
+    Why the history runs beside the rest: it depends on none of them (its events are the
+    intent's; a scrub only removes texts, which events of deleted memories do not carry, and
+    the two commute), and in server mode each is a round trip to the Chroma server, so the
+    batch waits for the longer instead of the sum. It returns, or raises a failure of either,
+    only when both are done: nothing of the batch is still being written afterwards. A failure
+    of one leaves what the other wrote, as a failure of any step leaves the steps before it; a
+    crash may leave either done without the other, and recovery finishes both (:func:`settle`)."""
+    if not intent.events:
+        _apply_stores(stores, intent)
+        return
+    failures: list[BaseException] = []
+    history = threading.Thread(target=_record, args=(stores, intent, failures),
+                               name="hybridmem-history", daemon=True)
+    history.start()
+    try:
+        _apply_stores(stores, intent)
+    finally:
+        history.join()
+    if failures:
+        raise failures[0]
+
+
+def _record(stores: Stores, intent: Intent, failures: list[BaseException]) -> None:
+    """The history step of :func:`apply` (in its own thread): a failure is handed back."""
+    try:
+        stores.history.record(intent.user_id, intent.events)
+    except BaseException as exc:  # noqa: BLE001 - re-raised by apply in the caller's thread
+        failures.append(exc)
+
+
+def _apply_stores(stores: Stores, intent: Intent) -> None:
+    """The steps of :func:`apply` other than the history, in order."""
     s, user_id = stores, intent.user_id
     written = [i.id for i in intent.written]
     if written:
@@ -191,7 +225,6 @@ def apply(stores: Stores, intent: Intent) -> None:
         s.lexical.delete(user_id, intent.deleted)
         s.graph.remove_memory(user_id, intent.deleted, erase=True)
         s.history.scrub(user_id, intent.deleted)
-    s.history.record(user_id, intent.events)
 
 
 def settle(stores: Stores, intent: Intent) -> None:
