@@ -54,6 +54,36 @@ def test_a_dead_holders_journal_is_handed_over_and_it_is_refused(
     next_.release(after)
 
 
+def test_the_journal_is_a_metadata_value_and_the_earlier_layout_is_handed_over(
+    chroma_server: str, unique_user: str
+) -> None:
+    """An intent is the held slot's metadata value ``intent`` (Chroma full-text-indexes
+    documents); a dead holder's intent in its slot's document (the earlier layout) is handed
+    over alike."""
+    from hybridmem.replica.lease import INTENT
+
+    dead, next_ = leases(chroma_server, ttl=0.5), leases(chroma_server, ttl=0.5)
+    lost = dead.acquire(unique_user)
+    slots = _chroma.make_client(url=chroma_server).get_collection(
+        _chroma.collection_name(unique_user, "lease"))
+    dead.journal(lost, '{"user_id": "new"}')
+    got = slots.get(ids=[f"{lost.slot:012d}"], include=["documents", "metadatas"])
+    assert got["documents"] == [""] and got["metadatas"][0][INTENT] == '{"user_id": "new"}'
+    taken = next_.acquire(unique_user, timeout=60)
+    assert taken.orphan == '{"user_id": "new"}'
+    # a holder of the earlier layout dies: its intent is the document, no intent metadata
+    slots.add(ids=[f"{taken.slot + 1:012d}"], documents=['{"user_id": "old"}'], embeddings=[[1.0]],
+              metadatas=[{"owner": "earlier", "state": "held", "expires": 0.0}])
+    again = dead.acquire(unique_user, timeout=60)
+    assert again.orphan == '{"user_id": "old"}'
+    dead.journal(again, "")
+    dead.release(again)
+    after = next_.acquire(unique_user, timeout=5)
+    assert after.orphan is None
+    next_.release(after)
+    assert not any(m.get(INTENT) for m in slots.get(include=["metadatas"])["metadatas"])
+
+
 def test_leases_exclude_each_other_under_a_race(chroma_server: str, unique_user: str) -> None:
     """Four clients increment one counter record read-modify-write under the lease: no
     increment is lost."""
