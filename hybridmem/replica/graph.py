@@ -146,11 +146,20 @@ class ChromaGraphStore(ServerCache):
 
         with st.lock:
             self._note(user_id, [GRAPH_NOTE + i for i in ids])  # first: see the vector store's
+            # a snapshot due after this write is made while the records travel, from the cache
+            # checked before them (under the lease nobody writes in between), and stored once
+            # they landed
+            compact = snapshot.due(st.since_snap + len(ids), len(st.snap_covers),
+                                   minimum=SNAPSHOT_TAIL) and self._checked(user_id)
             # the records travel while this thread resolves them into the cache (a 500-memory
             # batch: ~1 s of each), then the write waits for both
             upload = self._workers.submit(store)
+            raw = None
             try:
                 self._cache.add_extractions(user_id, items, at=when, links=links)
+                if compact:
+                    with gc_paused():  # the collector would walk the whole graph, again and again
+                        raw = self._cache.snapshot(user_id)
             finally:
                 failure = upload.exception()
             if failure is not None:
@@ -163,7 +172,8 @@ class ChromaGraphStore(ServerCache):
                 raise failure
             st.record_ids.update(ids)
             st.since_snap += len(ids)
-            self._compact(user_id, st)
+            if raw is not None:
+                self._store_snapshot(user_id, st, raw)
 
     def remove_memory(
         self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
@@ -305,14 +315,26 @@ class ChromaGraphStore(ServerCache):
         if not force and not snapshot.due(st.since_snap, len(st.snap_covers),
                                           minimum=SNAPSHOT_TAIL):
             return
+        if not self._checked(user_id):
+            return
+        with gc_paused():  # the collector would walk the whole graph, again and again
+            raw = self._cache.snapshot(user_id)
+        self._store_snapshot(user_id, st, raw)
+
+    def _checked(self, user_id: str) -> bool:
+        """Check the cache against the server before a snapshot is made of it; False (logged)
+        when the server cannot be read: then no snapshot is stored."""
         try:
             self._sync(user_id, force=True)
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
-            return
+            return False
+        return True
+
+    def _store_snapshot(self, user_id: str, st: UserSync, raw: bytes) -> None:
+        """Store ``raw``, the cache's snapshot, as covering every record the cache holds (see
+        :meth:`_compact`). A failure is logged."""
         covers = sorted(st.record_ids)
-        with gc_paused():  # the collector would walk the whole graph, again and again
-            raw = self._cache.snapshot(user_id)
         snap = snapshot.new_id()
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
