@@ -31,6 +31,7 @@ processes' caches catch up by their own checks) — for every batch written thro
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import os
@@ -223,7 +224,9 @@ def _beside(work: Callable[[], None]) -> Iterator[None]:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             failures.append(exc)
 
-    thread = threading.Thread(target=run, name="hybridmem-apply", daemon=True)
+    context = contextvars.copy_context()  # a trace's parent span, as in the caller's thread
+    thread = threading.Thread(target=context.run, args=(run,), name="hybridmem-apply",
+                              daemon=True)
     thread.start()
     try:
         yield
