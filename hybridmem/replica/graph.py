@@ -91,8 +91,9 @@ class ChromaGraphStore(ServerCache):
     first/last seen, so every process derives the same times). The extraction is a metadata
     value because Chroma indexes every document for full-text search, at about three times the
     cost of the same bytes as metadata (see :mod:`hybridmem.replica.snapshot`); a record without
-    ``extraction`` is read as the layout of earlier versions, the JSON in its document. Like :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is
-    additive and removing a memory removes all its records. A check lists record ids; new ones are
+    ``extraction`` is read as the layout of earlier versions, the JSON in its document. Like
+    :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is additive and removing a memory
+    removes all its records. A check lists record ids; new ones are
     fetched and replayed, and a memory that lost records is removed and replayed from what is left.
     Entity display names are the first surface form *this process* replayed, so two processes can
     name a node differently while agreeing on its key, edges and memories.

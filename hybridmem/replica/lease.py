@@ -23,15 +23,15 @@ slot free.
 **The journal** (server mode): before the first store write of a batch, its intent (see
 :mod:`hybridmem.write.journal`) is written into the holder's slot, as its metadata value
 ``intent`` (zlib-compressed, base64) — also renewing the lease, after checking it is still the
-holder's — and cleared after the last (by the release, when it follows at once: a holder killed in between leaves a finished batch, which is finished again). A holder
-killed mid-batch leaves its slot held with the intent; once the lease expires (:data:`LEASE_TTL`),
-the next process to win a slot copies that intent into its own slot (so a second crash loses
-nothing) and finishes it —
-forward when the batch's vectors landed, back when not — before doing anything else. Any process
-can do it: nothing of the journal is on a local disk. Why metadata: Chroma indexes every document
-for full-text search, at about three times the cost of the same bytes as metadata (see
-:mod:`hybridmem.replica.snapshot`), and an intent quotes every text of its batch, written and
-replaced once per batch. Why compressed: every check of a user's caches reads the slots'
+holder's — and cleared after the last (by the release, when it follows at once: a holder
+killed in between leaves a finished batch, which is finished again). A holder killed mid-batch
+leaves its slot held with the intent; once the lease expires (:data:`LEASE_TTL`), the next
+process to win a slot copies that intent into its own slot (so a second crash loses nothing)
+and finishes it — forward when the batch's vectors landed, back when not — before doing
+anything else. Any process can do it: nothing of the journal is on a local disk. Why metadata:
+Chroma indexes every document for full-text search, at about three times the cost of the same
+bytes as metadata (see :mod:`hybridmem.replica.snapshot`), and an intent quotes every text of
+its batch, written and replaced once per batch. Why compressed: every check of a user's caches reads the slots'
 metadata, the holder's intent included (a 500-memory batch's ~0.6 MB of JSON is ~0.1 MB
 compressed). A held slot without ``intent`` is read as the layout of earlier versions, the
 intent in its document.
