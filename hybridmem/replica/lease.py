@@ -31,10 +31,10 @@ and finishes it — forward when the batch's vectors landed, back when not — b
 anything else. Any process can do it: nothing of the journal is on a local disk. Why metadata:
 Chroma indexes every document for full-text search, at about three times the cost of the same
 bytes as metadata (see :mod:`hybridmem.replica.snapshot`), and an intent quotes every text of
-its batch, written and replaced once per batch. Why compressed: every check of a user's caches reads the slots'
-metadata, the holder's intent included (a 500-memory batch's ~0.6 MB of JSON is ~0.1 MB
-compressed). A held slot without ``intent`` is read as the layout of earlier versions, the
-intent in its document.
+its batch, written and replaced once per batch. Why compressed: every check of a user's
+caches reads the slots' metadata, the holder's intent included (a 500-memory batch's ~0.6 MB of
+JSON is ~0.1 MB compressed). A held slot without ``intent`` is read as the layout of earlier
+versions, the intent in its document.
 
 **What a holder wrote.** Releasing writes into the slot's document the ids of the memories its
 holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them. A process
