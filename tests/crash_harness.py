@@ -18,7 +18,7 @@ from typing import Any
 from hybridmem import Memory, Settings
 from hybridmem.chroma import client as _chroma
 from hybridmem.chroma.client import collection_name
-from hybridmem.replica.lease import NOTE
+from hybridmem.replica.lease import INTENT, NOTE
 
 USER = "crash-user"
 #: Lease lifetime of the server-mode writers: a dead writer's lease is taken over this soon.
@@ -128,6 +128,8 @@ def check_agree(mem: Memory, data_dir: Path, user: str = USER) -> None:
         assert all((m or {}).get("state") == "free" for m in slots["metadatas"] or []), (
             "a lease was left held")
         assert all((d or "").startswith(NOTE) or not d for d in slots["documents"] or []), (
+            "a journal was left in the lease")
+        assert not any((m or {}).get(INTENT) for m in slots["metadatas"] or []), (
             "a journal was left in the lease")
         return
     folder = next((data_dir / "users").iterdir())

@@ -15,6 +15,8 @@ import pytest
 import crash_harness
 from hybridmem import DataDirLockedError, Memory, Settings
 from hybridmem.chroma import client as _chroma
+from hybridmem.errors import ClosedError
+from hybridmem.models import Entity, Extraction, HistoryEvent
 from hybridmem.write import journal
 
 
@@ -70,6 +72,51 @@ def test_the_journal_is_rewritten_in_place_and_a_torn_one_is_dropped(tmp_path: P
         crash_harness.check_agree(mem, data_dir, "u")
     path.write_bytes(torn[:-10] + b"x" * 10)  # the right length, not the right content
     assert journal.parse(path.read_bytes(), path) is None
+
+
+@pytest.mark.parametrize("landed", ["lexical and history", "graph"])
+def test_a_crash_between_the_writes_side_by_side_settles(
+    tmp_path: Path, chroma_url: str | None, landed: str
+) -> None:
+    """:func:`journal.apply` writes the lexical index and the history beside the graph, so a
+    crash after the commit point can leave either side done without the other: settling
+    finishes the batch, and every store holds it once."""
+    data_dir = tmp_path / "hm"
+    with Memory(crash_harness.settings(data_dir, chroma_url)) as mem:
+        kept = mem.add("u", "I bought a Dell monitor for Alice")
+        item = kept.model_copy(update={"id": "crashed", "text": "I bought a gadget for Bob"})
+        added = HistoryEvent(memory_id=item.id, action="add", text=item.text)
+        intent = journal.Intent(user_id="u", written=[item], events=[added], extractions={
+            item.id: Extraction(entities=[Entity(name="gadget", type="product")])})
+        stores = mem._stores  # white-box: the stores written as a killed writer left them
+        stores.vectors.upsert("u", [item], mem.embedder.embed_batch([item.text]))  # committed
+        if landed == "graph":
+            stores.graph.add_extractions("u", [(item.id, intent.extractions[item.id])])
+        else:
+            stores.lexical.add("u", [item.id], [item.text])
+            stores.history.record("u", intent.events)
+        journal.settle(stores, intent)
+        assert mem.history("u", item.id) == [added]
+        assert [e.memory_ids for e in mem.entities("u") if e.key == "gadget"] == [[item.id]]
+        assert [h.item.id for h in mem.search("u", "gadget for Bob", limit=1)] == [item.id]
+        crash_harness.check_agree(mem, data_dir, "u")
+
+
+def test_a_failed_history_write_reaches_the_caller_after_the_graph(tmp_path: Path) -> None:
+    """The thread beside the graph hands its failure back: :func:`journal.apply` raises it,
+    once the graph is written (recovery or a retry repeats every step)."""
+    with Memory(crash_harness.settings(tmp_path / "hm", None)) as mem:
+        kept = mem.add("u", "I bought a Dell monitor for Alice")
+        stores = mem._stores
+        item = kept.model_copy(update={"id": "late", "text": "I bought a gadget for Bob"})
+        stores.vectors.upsert("u", [item], mem.embedder.embed_batch([item.text]))
+        stores.history.close()  # refuses use: ClosedError in the thread beside the graph
+        intent = journal.Intent(user_id="u", written=[item], extractions={
+            item.id: Extraction(entities=[Entity(name="gadget", type="product")])},
+            events=[HistoryEvent(memory_id=item.id, action="add", text=item.text)])
+        with pytest.raises(ClosedError):
+            journal.apply(stores, intent)
+        assert [e.memory_ids for e in mem.entities("u") if e.key == "gadget"] == [[item.id]]
 
 
 HOLDER = r"""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -135,3 +137,37 @@ def test_the_shared_history_is_one_log_for_every_client(chroma_server: str,
     a.drop_user(unique_user)
     assert b.list(unique_user) == []
     a.close(), b.close()
+
+
+def test_the_shared_history_keeps_events_in_metadata_and_reads_the_earlier_layout(
+    chroma_server: str, unique_user: str
+) -> None:
+    """Events are metadata values (Chroma full-text-indexes documents; nobody searches events).
+    Records of the earlier layout, the event JSON as the document, list alike, and a scrub
+    leaves no text in either place."""
+    from hybridmem.chroma import client as _chroma
+    from hybridmem.replica.history import ChromaHistoryLog
+
+    client = _chroma.make_client(url=chroma_server)
+    log = ChromaHistoryLog(client)
+    new, kept = event("m1", text="bought a ROG laptop"), event("m2", text="likes tea")
+    log.record(unique_user, [new, kept])
+    side = client.get_collection(_chroma.collection_name(unique_user, "history"))
+    got = side.get(ids=[new.id], include=["documents", "metadatas"])
+    assert got["documents"] == [None]
+    assert HistoryEvent.model_validate_json(got["metadatas"][0]["event"]) == new
+    old = event("m1", action="update", text="bought a ROG laptop and a mouse")
+    side.add(ids=[old.id], documents=[old.model_dump_json()], embeddings=[[1.0]],
+             metadatas=[{"memory_id": "m1", "seq": time.time_ns()}])
+    assert log.list(unique_user) == [new, kept, old]
+    assert log.list(unique_user, "m1") == [new, old]
+
+    log.scrub(unique_user, ["m1"])
+    assert [(e.id, e.text, e.detail) for e in log.list(unique_user, "m1")] == [
+        (new.id, None, {}), (old.id, None, {})]
+    assert log.list(unique_user, "m2") == [kept]
+    raw = side.get(where={"memory_id": "m1"}, include=["documents", "metadatas"])
+    stored = json.dumps([raw["documents"], raw["metadatas"]])
+    assert len(raw["ids"]) == 2 and "ROG" not in stored and "mouse" not in stored
+    log.drop_user(unique_user)
+    log.close()

@@ -4,14 +4,16 @@ that lost its lease refused, and mutual exclusion under a real race."""
 
 from __future__ import annotations
 
+import base64
 import threading
+import zlib
 
 import pytest
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.replica.lease import ChromaLeases
 from hybridmem.runtime.locks import WriteLocks
-from hybridmem.errors import StorageError, StoreBusyError
+from hybridmem.errors import CorruptStateError, StorageError, StoreBusyError
 
 
 def leases(url: str, ttl: float = 30.0) -> ChromaLeases:
@@ -52,6 +54,42 @@ def test_a_dead_holders_journal_is_handed_over_and_it_is_refused(
     after = next_.acquire(unique_user, timeout=5)
     assert after.orphan is None  # the journal was cleared: nothing to finish twice
     next_.release(after)
+
+
+def test_the_journal_is_a_metadata_value_and_the_earlier_layout_is_handed_over(
+    chroma_server: str, unique_user: str
+) -> None:
+    """An intent is the held slot's metadata value ``intent``, compressed (Chroma
+    full-text-indexes documents); a dead holder's intent in its slot's document (the earlier
+    layout) is handed over alike, and one that does not decode is a typed error."""
+    from hybridmem.replica.lease import INTENT
+
+    dead, next_ = leases(chroma_server, ttl=0.5), leases(chroma_server, ttl=0.5)
+    lost = dead.acquire(unique_user)
+    slots = _chroma.make_client(url=chroma_server).get_collection(
+        _chroma.collection_name(unique_user, "lease"))
+    dead.journal(lost, '{"user_id": "new"}')
+    got = slots.get(ids=[f"{lost.slot:012d}"], include=["documents", "metadatas"])
+    stored = got["metadatas"][0][INTENT]  # compressed: every check reads the slots' metadata
+    assert got["documents"] == [""] and "user_id" not in stored
+    assert zlib.decompress(base64.b64decode(stored)) == b'{"user_id": "new"}'
+    taken = next_.acquire(unique_user, timeout=60)
+    assert taken.orphan == '{"user_id": "new"}'
+    # a holder of the earlier layout dies: its intent is the document, no intent metadata
+    slots.add(ids=[f"{taken.slot + 1:012d}"], documents=['{"user_id": "old"}'], embeddings=[[1.0]],
+              metadatas=[{"owner": "earlier", "state": "held", "expires": 0.0}])
+    again = dead.acquire(unique_user, timeout=60)
+    assert again.orphan == '{"user_id": "old"}'
+    dead.journal(again, "")
+    dead.release(again)
+    after = next_.acquire(unique_user, timeout=5)
+    assert after.orphan is None
+    next_.release(after)
+    assert not any(m.get(INTENT) for m in slots.get(include=["metadatas"])["metadatas"])
+    slots.add(ids=[f"{after.slot + 1:012d}"], documents=[""], embeddings=[[1.0]],
+              metadatas=[{"owner": "torn", "state": "held", "expires": 0.0, INTENT: "{not"}])
+    with pytest.raises(CorruptStateError, match="cannot be read"):
+        next_.acquire(unique_user, timeout=5)
 
 
 def test_leases_exclude_each_other_under_a_race(chroma_server: str, unique_user: str) -> None:

@@ -87,7 +87,9 @@ def test_records_are_per_write_and_never_rewritten(chroma_server: str, unique_us
     assert len(got["ids"]) == 2 and all(i.startswith("m1~") for i in got["ids"])
     assert {m["memory_id"] for m in got["metadatas"]} == {"m1"}
     assert all(i.endswith(m["token"]) for i, m in zip(got["ids"], got["metadatas"]))
-    assert Extraction.model_validate_json(got["documents"][0]).extractor == "test"
+    # the extraction is a metadata value: Chroma full-text-indexes documents, nobody searches these
+    assert got["documents"] == [None, None]
+    assert Extraction.model_validate_json(got["metadatas"][0]["extraction"]).extractor == "test"
     assert [r.predicate for r in store.relations(unique_user)] == ["bought", "returned"]
     store.close()
 
@@ -112,14 +114,35 @@ def test_a_memory_that_loses_a_record_is_replayed(chroma_server: str, unique_use
     a.add_extraction(unique_user, "m1", ex(("alice", "bought", "ROG laptop")))
     a.add_extraction(unique_user, "m1", ex(("alice", "returned", "ROG laptop")))
     records = side(chroma_server, unique_user)
-    first = records.get(include=["documents"])
-    bought = next(i for i, d in zip(first["ids"], first["documents"]) if "bought" in d)
+    first = records.get(include=["metadatas"])
+    bought = next(i for i, m in zip(first["ids"], first["metadatas"])
+                  if "bought" in m["extraction"])
     records.delete(ids=[bought])  # as if another process removed one write
     assert [r.predicate for r in a.relations(unique_user)] == ["returned"]
     records.upsert(ids=["m2~feed"], documents=["not json"], embeddings=[[1.0]],
                    metadatas=[{"memory_id": "m2", "token": "feed", "ts": 0.0}])
     assert [r.predicate for r in a.relations(unique_user)] == ["returned"]  # skipped, logged
     a.close()
+
+
+def test_records_with_the_extraction_in_the_document_are_replayed(
+    chroma_server: str, unique_user: str
+) -> None:
+    """Graph records of the earlier layout (the extraction JSON as the document, no
+    ``extraction`` metadata) replay like the current ones, beside them."""
+    writer = ChromaGraphStore(url=chroma_server)
+    writer.add_extraction(unique_user, "m2", ex(("bob", "bought", "mouse")))
+    old = ex(("alice", "bought", "ROG laptop"))
+    side(chroma_server, unique_user).add(
+        ids=["m1~0ld"], documents=[old.model_dump_json()], embeddings=[[1.0]],
+        metadatas=[{"memory_id": "m1", "token": "0ld", "ts": 1.0e9, "prev": ""}])
+    reader = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    assert edges(reader, unique_user) == [("alice", "bought", "rog laptop", ["m1"]),
+                                          ("bob", "bought", "mouse", ["m2"])]
+    reader.remove_memory(unique_user, ["m1"])
+    assert edges(reader, unique_user) == [("bob", "bought", "mouse", ["m2"])]
+    assert side(chroma_server, unique_user).get(ids=["m1~0ld"])["ids"] == []
+    writer.close(), reader.close()
 
 
 def test_stale_handles_survive_another_process_dropping_the_user(

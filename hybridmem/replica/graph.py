@@ -62,6 +62,8 @@ SCHEMA = 1
 #: separator is the right one even if an imported memory id contains it).
 SEP = "~"
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
+#: The metadata key holding a graph record's extraction as JSON.
+EXTRACTION = "extraction"
 #: Records added or removed past the last snapshot before the writer stores a new one: a first
 #: read replays at most about this many (see :func:`hybridmem.replica.snapshot.due`).
 SNAPSHOT_TAIL = 256
@@ -85,10 +87,14 @@ class ChromaGraphStore(ServerCache):
     """:class:`~hybridmem.protocols.GraphStore` for server mode: extraction records in Chroma, the
     graph a per-process cache rebuilt from them.
 
-    A record: id ``<memory id>~<token>`` (a fresh uuid per write), document the extraction JSON,
-    metadata ``memory_id``, ``token`` and ``ts`` (epoch seconds: first/last seen, so every process
-    derives the same times). Like :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is
-    additive and removing a memory removes all its records. A check lists record ids; new ones are
+    A record: id ``<memory id>~<token>`` (a fresh uuid per write), no document, metadata
+    ``extraction`` (the extraction JSON), ``memory_id``, ``token`` and ``ts`` (epoch seconds:
+    first/last seen, so every process derives the same times). The extraction is a metadata
+    value because Chroma indexes every document for full-text search, at about three times the
+    cost of the same bytes as metadata (see :mod:`hybridmem.replica.snapshot`); a record without
+    ``extraction`` is read as the layout of earlier versions, the JSON in its document. Like
+    :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is additive and removing a memory
+    removes all its records. A check lists record ids; new ones are
     fetched and replayed, and a memory that lost records is removed and replayed from what is left.
     Entity display names are the first surface form *this process* replayed, so two processes can
     name a node differently while agreeing on its key, edges and memories.
@@ -123,10 +129,10 @@ class ChromaGraphStore(ServerCache):
             before = {} if links is False else {b: a for a, b in links}
         tokens = [uuid.uuid4().hex for _ in items]
         ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
-        docs = [e.model_dump_json() for _, e in items]
         metas: list[Metadata] = [
-            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, "")}
-            for (mid, _), tok in zip(items, tokens)
+            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, ""),
+             EXTRACTION: e.model_dump_json()}
+            for (mid, e), tok in zip(items, tokens)
         ]
         units: list[PyEmbedding] = [_UNIT] * len(ids)
         st = self._state(user_id)
@@ -137,17 +143,25 @@ class ChromaGraphStore(ServerCache):
             for lo in range(0, len(ids), BATCH):
                 hi = lo + BATCH
                 self._run(user_id, "store the graph", lambda c: c.upsert(
-                    ids=ids[lo:hi], documents=docs[lo:hi],
-                    embeddings=units[lo:hi], metadatas=metas[lo:hi],
+                    ids=ids[lo:hi], embeddings=units[lo:hi], metadatas=metas[lo:hi],
                 ), create=created)
 
         with st.lock:
             self._note(user_id, [GRAPH_NOTE + i for i in ids])  # first: see the vector store's
+            # a snapshot due after this write is made while the records travel, from the cache
+            # checked before them (under the lease nobody writes in between), and stored once
+            # they landed
+            compact = snapshot.due(st.since_snap + len(ids), len(st.snap_covers),
+                                   minimum=SNAPSHOT_TAIL) and self._checked(user_id)
             # the records travel while this thread resolves them into the cache (a 500-memory
             # batch: ~1 s of each), then the write waits for both
             upload = self._workers.submit(store)
+            raw = None
             try:
                 self._cache.add_extractions(user_id, items, at=when, links=links)
+                if compact:
+                    with gc_paused():  # the collector would walk the whole graph, again and again
+                        raw = self._cache.snapshot(user_id)
             finally:
                 failure = upload.exception()
             if failure is not None:
@@ -160,7 +174,8 @@ class ChromaGraphStore(ServerCache):
                 raise failure
             st.record_ids.update(ids)
             st.since_snap += len(ids)
-            self._compact(user_id, st)
+            if raw is not None:
+                self._store_snapshot(user_id, st, raw)
 
     def remove_memory(
         self, user_id: str, memory_ids: Sequence[str], *, erase: bool = False
@@ -306,14 +321,26 @@ class ChromaGraphStore(ServerCache):
         if not force and not snapshot.due(st.since_snap, len(st.snap_covers),
                                           minimum=SNAPSHOT_TAIL):
             return
+        if not self._checked(user_id):
+            return
+        with gc_paused():  # the collector would walk the whole graph, again and again
+            raw = self._cache.snapshot(user_id)
+        self._store_snapshot(user_id, st, raw)
+
+    def _checked(self, user_id: str) -> bool:
+        """Check the cache against the server before a snapshot is made of it; False (logged)
+        when the server cannot be read: then no snapshot is stored."""
         try:
             self._sync(user_id, force=True)
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
-            return
+            return False
+        return True
+
+    def _store_snapshot(self, user_id: str, st: UserSync, raw: bytes) -> None:
+        """Store ``raw``, the cache's snapshot, as covering every record the cache holds (see
+        :meth:`_compact`). A failure is logged."""
         covers = sorted(st.record_ids)
-        with gc_paused():  # the collector would walk the whole graph, again and again
-            raw = self._cache.snapshot(user_id)
         snap = snapshot.new_id()
         held = self._log.holding(user_id) if self._log is not None else None
         at = None if held is None else (*held, False)  # mid-lease: its own notes may follow
@@ -363,7 +390,9 @@ class ChromaGraphStore(ServerCache):
                 continue
             for rid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or []):
                 ts, prev = (meta or {}).get("ts"), (meta or {}).get("prev")
-                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid, doc or "",
+                data = (meta or {}).get(EXTRACTION)
+                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid,
+                             data if isinstance(data, str) and data else doc or "",
                              prev if isinstance(prev, str) else ""))
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))

@@ -3,17 +3,23 @@ process (with ``chroma_url`` nothing of a user may live on one host's disk).
 
 One record per :class:`~hybridmem.models.HistoryEvent` in the side collection ``h-<user key>``:
 id the event's id (Chroma's ``add`` keeps an existing id, so recording an event twice — a
-recovered batch, an import — changes nothing), document the event as JSON, metadata
-``memory_id`` and ``seq`` (the recording time in nanoseconds plus the event's position in its
-batch: the order events are listed in, as the SQLite log's rowid is embedded). Scrubbing a deleted
-memory rewrites its events' documents without their text.
+recovered batch, an import — changes nothing), no document, metadata ``event`` (the event as
+JSON), ``memory_id`` and ``seq`` (the recording time in nanoseconds plus the event's position in
+its batch: the order events are listed in, as the SQLite log's rowid is embedded). Scrubbing a
+deleted memory rewrites its events' ``event`` without their text.
+
+Why the event is a metadata value and not the document: Chroma indexes every document for
+full-text search, which costs the server about three times what the same bytes cost as metadata
+(see :mod:`hybridmem.replica.snapshot`), and nothing searches events by text. A record without
+``event`` is read as the layout of earlier versions, the event JSON in its document; a scrub
+moves it into ``event`` and empties the document.
 """
 
 from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridmem.chroma import client as _chroma
@@ -29,6 +35,14 @@ __all__ = ["ChromaHistoryLog"]
 _UNIT = [1.0]  # Chroma wants a vector per record; events are never searched by vector
 BATCH = 1000
 _SCHEMA = 1
+#: The metadata key holding a record's event as JSON.
+EVENT = "event"
+
+
+def _payload(meta: Mapping[str, Any] | None, document: str | None) -> str:
+    """A record's event JSON: its ``event`` metadata, or the document of an older record."""
+    value = (meta or {}).get(EVENT)
+    return value if isinstance(value, str) and value else (document or "{}")
 
 
 def _of(memory_ids: Sequence[str]) -> Where:
@@ -60,14 +74,14 @@ class ChromaHistoryLog:
         start = time.time_ns()
         for lo in range(0, len(events), BATCH):
             part = events[lo : lo + BATCH]
-            metas: list[Metadata] = [{"memory_id": e.memory_id, "seq": start + lo + n}
-                                     for n, e in enumerate(part)]
+            metas: list[Metadata] = [
+                {"memory_id": e.memory_id, "seq": start + lo + n, EVENT: e.model_dump_json()}
+                for n, e in enumerate(part)]
             units: list[PyEmbedding] = [_UNIT] * len(part)
 
             def add(c: Collection, part: Sequence[HistoryEvent] = part,
                     metas: list[Metadata] = metas, units: list[PyEmbedding] = units) -> None:
-                c.add(ids=[e.id for e in part], documents=[e.model_dump_json() for e in part],
-                      embeddings=units, metadatas=metas)
+                c.add(ids=[e.id for e in part], embeddings=units, metadatas=metas)
 
             self._run(user_id, "record history", add, create=True)
 
@@ -79,7 +93,7 @@ class ChromaHistoryLog:
         if not got:
             return []
         rows = sorted(
-            (int((m or {}).get("seq", 0)), i, d or "")
+            (int((m or {}).get("seq", 0)), i, _payload(m, d))
             for i, d, m in zip(got["ids"], got["documents"] or [], got["metadatas"] or [])
         )
         return [HistoryEvent.model_validate_json(d) for _, _, d in rows]
@@ -92,14 +106,17 @@ class ChromaHistoryLog:
             where = _of(memory_ids[lo : lo + BATCH])
 
             def scrub(c: Collection, where: Where = where) -> None:
-                got = c.get(where=where, include=["documents"])
+                got = c.get(where=where, include=["documents", "metadatas"])
                 if not got["ids"]:
                     return
-                clean = [HistoryEvent.model_validate_json(d or "{}").model_copy(
-                    update={"text": None, "detail": {}}).model_dump_json()
-                    for d in got["documents"] or []]
+                clean: list[Metadata] = [{EVENT: HistoryEvent.model_validate_json(
+                    _payload(m, d)).model_copy(update={"text": None, "detail": {}}
+                                               ).model_dump_json()}
+                    for d, m in zip(got["documents"] or [], got["metadatas"] or [])]
                 units: list[PyEmbedding] = [_UNIT] * len(clean)  # else Chroma re-embeds
-                c.update(ids=got["ids"], documents=clean, embeddings=units)
+                # the document is emptied too: an older record's event (with its text) is there
+                c.update(ids=got["ids"], metadatas=clean, documents=[""] * len(clean),
+                         embeddings=units)
 
             self._run(user_id, "scrub the history", scrub)
 

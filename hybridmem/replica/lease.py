@@ -21,14 +21,20 @@ holder's are deleted once :data:`STALE_SLOTS` accrue or one carries an intent. R
 slot free.
 
 **The journal** (server mode): before the first store write of a batch, its intent (see
-:mod:`hybridmem.write.journal`) is written into the holder's slot — also renewing the lease, after
-checking it is still the holder's — and cleared after the last (by the release, when it follows
-at once: a holder killed in between leaves a finished batch, which is finished again). A holder
-killed mid-batch leaves its slot held with the intent; once the lease expires (:data:`LEASE_TTL`),
-the next process to win a slot copies that intent into its own slot (so a second crash loses
-nothing) and finishes it —
-forward when the batch's vectors landed, back when not — before doing anything else. Any process
-can do it: nothing of the journal is on a local disk.
+:mod:`hybridmem.write.journal`) is written into the holder's slot, as its metadata value
+``intent`` (zlib-compressed, base64) — also renewing the lease, after checking it is still the
+holder's — and cleared after the last (by the release, when it follows at once: a holder
+killed in between leaves a finished batch, which is finished again). A holder killed mid-batch
+leaves its slot held with the intent; once the lease expires (:data:`LEASE_TTL`), the next
+process to win a slot copies that intent into its own slot (so a second crash loses nothing)
+and finishes it — forward when the batch's vectors landed, back when not — before doing
+anything else. Any process can do it: nothing of the journal is on a local disk. Why metadata:
+Chroma indexes every document for full-text search, at about three times the cost of the same
+bytes as metadata (see :mod:`hybridmem.replica.snapshot`), and an intent quotes every text of
+its batch, written and replaced once per batch. Why compressed: every check of a user's
+caches reads the slots' metadata, the holder's intent included (a 500-memory batch's ~0.6 MB of
+JSON is ~0.1 MB compressed). A held slot without ``intent`` is read as the layout of earlier
+versions, the intent in its document.
 
 **What a holder wrote.** Releasing writes into the slot's document the ids of the memories its
 holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them. A process
@@ -45,11 +51,14 @@ holder that finds at its next renewal that it lost the lease raises
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import threading
 import time
 import uuid
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 from hybridmem.chroma import client as _chroma
 from hybridmem.runtime.files import user_key
 from hybridmem.runtime.locks import UserLocks
-from hybridmem.errors import StorageError, StoreBusyError
+from hybridmem.errors import CorruptStateError, StorageError, StoreBusyError
 from hybridmem.protocols import WriteSlot
 
 if TYPE_CHECKING:
@@ -80,8 +89,11 @@ POLL = 0.02
 STALE_SLOTS = 64
 #: The most memory ids a released slot lists (a batch that wrote more says ``*``: reload).
 MAX_NOTED = 4096
-#: How a released slot's document starts (an intent, on a held slot, is a JSON object).
+#: How a released slot's document starts (an intent of the earlier layout, on a held slot, is a
+#: JSON object).
 NOTE = "wrote:"
+#: The metadata key of a held slot's intent, compressed (see :func:`_pack`; "" for none).
+INTENT = "intent"
 #: Seconds a read of a user's slots serves other checks (see ChromaLeases.slots): the checks of
 #: one context() fall within it; a check may see the slots that much late.
 SHARE = 0.05
@@ -149,15 +161,19 @@ class ChromaLeases:
                            what="delete the write lease")
 
     def _slots(self, user_id: str) -> dict[int, tuple[dict[str, Any], str]]:
-        """The slots' metadata, and the document (a dead holder's intent) of the last one when
-        it is held: the others' documents (what their holders wrote) a taker does not need."""
+        """The slots' metadata, and the intent (a dead holder's) of the last one when it is
+        held: from its metadata, else from its document (the earlier layout; the others'
+        documents, what their holders wrote, a taker does not need)."""
         got = self._run(user_id, "read the write lease", lambda c: c.get(include=["metadatas"]))
         slots = {int(i): (dict(m or {}), "") for i, m in zip(got["ids"], got["metadatas"] or [])}
         last = max(slots, default=0)
-        if last and slots[last][0].get("state") == "held":
+        meta = slots[last][0] if last else {}
+        if meta.get("state") == "held" and INTENT in meta:
+            slots[last] = (meta, _unpack(meta[INTENT]))
+        elif meta.get("state") == "held":  # the earlier layout: the intent in the document
             doc = self._run(user_id, "read the write lease", lambda c: c.get(
                 ids=[_slot(last)], include=["documents"]))
-            slots[last] = (slots[last][0], ((doc["documents"] or [""])[0] or ""))
+            slots[last] = (meta, ((doc["documents"] or [""])[0] or ""))
         return slots
 
     def acquire(self, user_id: str, *, timeout: float | None = None) -> Lease:
@@ -180,8 +196,9 @@ class ChromaLeases:
             owner, mine = uuid.uuid4().hex, last + 1
             unit: list[PyEmbedding] = [_UNIT]
             self._run(user_id, "take the write lease", lambda c: c.add(
-                ids=[_slot(mine)], documents=[orphan or ""], embeddings=unit,
-                metadatas=[{"owner": owner, "state": "held", "expires": time.time() + self.ttl}],
+                ids=[_slot(mine)], documents=[""], embeddings=unit,
+                metadatas=[{"owner": owner, "state": "held", "expires": time.time() + self.ttl,
+                            INTENT: _pack(orphan or "")}],
             ))
             if self._holds(user_id, mine, owner):
                 stale = [_slot(n) for n in slots if n < mine]
@@ -226,11 +243,11 @@ class ChromaLeases:
             raise StorageError(
                 f"lost the write lease of {lease.user_id!r} (held past {self.ttl:.0f} s?); the "
                 "write was not applied, retry it")
-        unit: list[PyEmbedding] = [_UNIT]  # Chroma re-embeds a changed document otherwise
+        unit: list[PyEmbedding] = [_UNIT]
         self._run(lease.user_id, "write the journal", lambda c: c.update(
-            ids=[_slot(lease.slot)], documents=[intent], embeddings=unit,
+            ids=[_slot(lease.slot)], embeddings=unit,
             metadatas=[{"owner": lease.owner, "state": "held",
-                        "expires": time.time() + self.ttl}]))
+                        "expires": time.time() + self.ttl, INTENT: _pack(intent)}]))
         lease.renewed = renewed
 
     def note(self, user_id: str, ids: Sequence[str]) -> None:
@@ -304,13 +321,33 @@ class ChromaLeases:
                 if not metas or (metas[0] or {}).get("owner") != lease.owner:
                     return
             c.update(ids=[_slot(lease.slot)], documents=[wrote], embeddings=unit,
-                     metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0}])
+                     metadatas=[{"owner": lease.owner, "state": "free", "expires": 0.0,
+                                 INTENT: ""}])
 
         self._run(lease.user_id, "release the write lease", free, create=False)
 
     def close(self) -> None:
         """Forget cached handles (the client is the vector store's)."""
         self._handles.clear()
+
+
+def _pack(intent: str) -> str:
+    """An intent's JSON as its slot stores it: zlib (fast level), then base64 ("" stays "")."""
+    if not intent:
+        return ""
+    return base64.b64encode(zlib.compress(intent.encode("utf-8"), 1)).decode("ascii")
+
+
+def _unpack(value: object) -> str:
+    """The intent JSON a slot's ``intent`` value holds ("" for none)."""
+    if not isinstance(value, str) or not value:
+        return ""
+    try:
+        return zlib.decompress(base64.b64decode(value, validate=True)).decode("utf-8")
+    except (binascii.Error, zlib.error, UnicodeDecodeError) as exc:
+        raise CorruptStateError(
+            "the write lease holds an unfinished write that cannot be read; delete the user's "
+            f"lease collection to drop that batch ({exc})") from exc
 
 
 def _noted(doc: str) -> frozenset[str] | None:

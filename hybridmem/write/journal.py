@@ -31,10 +31,13 @@ processes' caches catch up by their own checks) — for every batch written thro
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -164,34 +167,73 @@ def pending(data_dir: Path) -> Iterator[Intent]:
 
 # -- applying an intent ------------------------------------------------------------------------
 def apply(stores: Stores, intent: Intent) -> None:
-    """Every store write of the batch after the vectors' upsert (the commit point), in order:
-    the lexical index, the graph, changed fields, supersession, deletions, the history. Each
-    step is idempotent, so recovery may repeat it."""
+    """Every store write of the batch after the vectors' upsert (the commit point): the graph,
+    changed fields and supersession in that order while, in a thread beside them, the lexical
+    index and the history are written; then deletions. Each step is idempotent, so recovery
+    may repeat it.
+
+    Why beside: the lexical index and the history depend on none of the graph's or the fields'
+    steps, nor these on them, and in server mode each is a round trip to the Chroma server, so
+    the batch waits for the longer instead of the sum. Deletions come after both (a deletion
+    follows any write it may undo, and a scrub follows the recording of the events it
+    scrubs). Nothing of the batch is still being written when this returns or raises (a
+    failure on either side, once both are done). A failure on one side leaves what the other
+    wrote, as a failure of any step leaves the steps before it; a crash may leave either side
+    done without the other, and recovery finishes both (:func:`settle`)."""
     s, user_id = stores, intent.user_id
     written = [i.id for i in intent.written]
-    if written:
-        s.lexical.add(user_id, written, [i.text for i in intent.written])
-        if intent.rewritten:  # a caller's new text erases what the old one said
-            s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
-            if intent.erase:  # owed before the journal is cleared: a crash replays this
-                s.vectors.request_purge()
-        s.graph.add_extractions(
-            user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
-        )
-    if intent.updated:
-        s.vectors.update(user_id, intent.updated)
-        stated = [(i.id, intent.extractions[i.id]) for i in intent.updated
-                  if i.id in intent.extractions]
-        if stated:  # caller knowledge a repeat of the memory brought (see WritePlan.stated)
-            s.graph.add_extractions(user_id, stated, links=False)
-    if intent.superseded:
-        s.graph.remove_memory(user_id, intent.superseded)
+
+    def beside() -> None:
+        if written:
+            s.lexical.add(user_id, written, [i.text for i in intent.written])
+        s.history.record(user_id, intent.events)
+
+    with _beside(beside):
+        if written:
+            if intent.rewritten:  # a caller's new text erases what the old one said
+                s.graph.remove_memory(user_id, intent.rewritten, erase=intent.erase)
+                if intent.erase:  # owed before the journal is cleared: a crash replays this
+                    s.vectors.request_purge()
+            s.graph.add_extractions(
+                user_id, [(i, intent.extractions.get(i, Extraction())) for i in written]
+            )
+        if intent.updated:
+            s.vectors.update(user_id, intent.updated)
+            stated = [(i.id, intent.extractions[i.id]) for i in intent.updated
+                      if i.id in intent.extractions]
+            if stated:  # caller knowledge a repeat of the memory brought (see WritePlan.stated)
+                s.graph.add_extractions(user_id, stated, links=False)
+        if intent.superseded:
+            s.graph.remove_memory(user_id, intent.superseded)
     if intent.deleted:
         s.vectors.delete(user_id, intent.deleted)
         s.lexical.delete(user_id, intent.deleted)
         s.graph.remove_memory(user_id, intent.deleted, erase=True)
         s.history.scrub(user_id, intent.deleted)
-    s.history.record(user_id, intent.events)
+
+
+@contextmanager
+def _beside(work: Callable[[], None]) -> Iterator[None]:
+    """Run ``work`` in a thread while the block runs; wait for both, then raise the block's
+    failure, else ``work``'s."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failures.append(exc)
+
+    context = contextvars.copy_context()  # a trace's parent span, as in the caller's thread
+    thread = threading.Thread(target=context.run, args=(run,), name="hybridmem-apply",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def settle(stores: Stores, intent: Intent) -> None:

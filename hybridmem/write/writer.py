@@ -7,8 +7,9 @@ One :meth:`Writer.write` call:
    one call; near-duplicates (:func:`~hybridmem.write.policy.near_duplicate`, or the LLM judge in the
    undecided cosine band) merge into the memory they repeat; entities are extracted (a failing
    model never loses a memory: the rules extract instead and the memory is marked);
-2. **apply** — vectors first (the source of truth), then the lexical index, the graph and the
-   history; if a later store fails, the new vectors and index rows are removed again;
+2. **apply** — vectors first (the source of truth), then the graph, with the lexical index and
+   the history beside it (:func:`~hybridmem.write.journal.apply`); if a later store fails, the
+   new vectors and index rows are removed again;
 3. **supersede** — a functional relation with a new object (:func:`~hybridmem.write.policy.conflicting`)
    marks the older memory invalid since the newer became valid; nothing is deleted.
 
@@ -226,7 +227,7 @@ class Writer:
 
     def apply(self, user_id: str, plan: WritePlan, *, cause: str) -> None:
         """Write the plan through the journal: vectors first (the source of truth), then the
-        lexical index, the graph and the history."""
+        graph, with the lexical index and the history beside it."""
         writes = plan.written
         added = [
             HistoryEvent(memory_id=i, action="add", cause=cause, text=plan.items[i].text,
