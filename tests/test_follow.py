@@ -360,7 +360,7 @@ def test_a_graph_first_look_reads_the_records_noted_after_its_snapshot_without_a
     fresh = ChromaGraphStore(url=chroma_server)
     fresh.watch(ChromaLeases(fresh._handles.client))
     replayed = ChromaGraphStore(url=chroma_server)
-    replayed._load_snapshot = lambda *a: None  # type: ignore[method-assign]
+    replayed._read_snapshot = lambda *a: None  # type: ignore[method-assign]
     try:
         monkeypatch.setattr(Collection, "get", noted)
         loaded = fresh.entities(u)

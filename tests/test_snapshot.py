@@ -186,7 +186,7 @@ def test_a_writer_killed_mid_snapshot_leaves_a_loadable_state(
         proc.wait()
         loaded = ChromaGraphStore(url=chroma_server)
         replayed = ChromaGraphStore(url=chroma_server)
-        replayed._load_snapshot = lambda *a: None  # type: ignore[method-assign]
+        replayed._read_snapshot = lambda *a: None  # type: ignore[method-assign]
         assert view(loaded, unique_user) == view(replayed, unique_user)
         assert state(loaded, unique_user).snap is not None  # the head's snapshot is whole
         assert len(state(loaded, unique_user).record_ids) == len(

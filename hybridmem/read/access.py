@@ -24,16 +24,18 @@ bookkeeping around a search, with its own thread, pacing and cache.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any
 
-from hybridmem.filters import eq
+from hybridmem.filters import Filter, eq
 from hybridmem.models import MemoryItem
 from hybridmem.stores import Stores
 
@@ -208,17 +210,25 @@ class Extras:
         self._cache: OrderedDict[str, tuple[float, bool, bool, bool]] = OrderedDict()
         self._guard = threading.Lock()
 
-    def of(self, user_id: str) -> tuple[bool, bool, bool]:
-        """(has key facts, has summary episodes, has procedures)."""
+    def of(self, user_id: str, *, pool: Executor | None = None) -> tuple[bool, bool, bool]:
+        """(has key facts, has summary episodes, has procedures). With ``pool`` the three
+        questions are asked at once: on a Chroma server each is a round trip or two."""
         now = time.monotonic()
         with self._guard:
             cached = self._cache.get(user_id)
         if cached is not None and cached[0] > now:
             return cached[1], cached[2], cached[3]
         vectors = self._stores.vectors
-        has_facts = bool(vectors.list(user_id, where=eq("has_key", True), limit=1))
-        has_episodes = bool(vectors.list(user_id, where=eq("kind", "summary"), limit=1))
-        has_procedures = bool(vectors.list(user_id, where=eq("kind", "procedure"), limit=1))
+
+        def has(where: Filter) -> bool:
+            return bool(vectors.list(user_id, where=where, limit=1))
+
+        asked = (eq("has_key", True), eq("kind", "summary"), eq("kind", "procedure"))
+        if pool is None:
+            has_facts, has_episodes, has_procedures = map(has, asked)
+        else:
+            futures = [pool.submit(contextvars.copy_context().run, has, where) for where in asked]
+            has_facts, has_episodes, has_procedures = (f.result() for f in futures)
         with self._guard:
             self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes, has_procedures)
             self._cache.move_to_end(user_id)

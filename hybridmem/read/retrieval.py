@@ -142,7 +142,9 @@ class Retriever:
                 self._vectors.popitem(last=False)
         return vector
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def pool(self) -> ThreadPoolExecutor:
+        """The reader threads (made at first use): reads of one call that do not wait for one
+        another run on them."""
         with self._guard:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=READ_THREADS,
@@ -162,7 +164,7 @@ class Retriever:
         first (context(): which sections the user has) overlaps the two; a failure is the
         gathering's to raise."""
         if self.weights.graph > 0:
-            self._pool().submit(contextvars.copy_context().run,
+            self.pool().submit(contextvars.copy_context().run,
                                 self._stores.graph.entities_in, user_id, query)
 
     def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
@@ -175,9 +177,10 @@ class Retriever:
                *, now: datetime | None = None) -> list[list[Hit]]:
         """The best memories for ``query`` in each ``(limit, where)`` section, from one
         gathering: one query embedding, one nearest-neighbour search (see
-        :meth:`~hybridmem.protocols.VectorStore.query_sections`), one lexical lookup and one
-        hydration, whatever the number of sections. context() reads its memories, summaries and
-        procedures this way: on a Chroma server each of those reads is a round trip.
+        :meth:`~hybridmem.protocols.VectorStore.query_sections`), one lexical lookup whose
+        hits are hydrated as soon as they are known, and one hydration of the graph's, whatever
+        the number of sections. context() reads its memories, summaries and procedures this
+        way: on a Chroma server each of those reads is a round trip.
 
         The first section ranks exactly as :meth:`search` ranks it alone. The others share two
         parts: the lexical list is the widest section's, cut to each section's pool (BM25's
@@ -210,14 +213,15 @@ class Retriever:
             return cand
 
         makers = [cand_of(n) for n in range(len(sections))]
+        wheres = [where for _, where in sections]
         vector = w.vector > 0 or not w.lexical > 0
-        lexical: Future[list[tuple[str, float]]] | None = None
+        lexical: Future[tuple[list[tuple[str, float]], list[list[MemoryItem]]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
-            lexical = self._pool().submit(contextvars.copy_context().run,  # a trace's parent
-                                          self._lexical, user_id, query, widest)
+            lexical = self.pool().submit(contextvars.copy_context().run,  # a trace's parent
+                                          self._lexical_read, user_id, query, widest, wheres)
         warm: Future[list[str]] | None = None
         if w.graph > 0 and vector:  # a first read of the user loads the graph meanwhile
-            warm = self._pool().submit(contextvars.copy_context().run,
+            warm = self.pool().submit(contextvars.copy_context().run,
                                        self._stores.graph.entities_in, user_id, query)
         qvec: list[float] | None = None
         if vector:
@@ -230,9 +234,16 @@ class Retriever:
                     items[n][hit.item.id] = hit.item
                     c = makers[n](hit.item.id)
                     c.vector, c.vector_rank = hit.similarity, rank
+        read: set[str] = set()  # memories already read for every section
         if w.lexical > 0:
-            found = (lexical.result() if lexical is not None
-                     else self._lexical(user_id, query, widest))
+            if lexical is not None:
+                found, got = lexical.result()
+                read.update(m for m, _ in found)
+                for n, section_items in enumerate(got):
+                    for item in section_items:
+                        items[n].setdefault(item.id, item)
+            else:
+                found = self._lexical(user_id, query, widest)
             for n, pool in enumerate(pools):
                 for rank, (memory_id, score) in enumerate(found[:pool], 1):
                     c = makers[n](memory_id)
@@ -246,11 +257,11 @@ class Retriever:
                 strongest = sorted([(-r[0], m) for m, r in reached.items()])
                 for n, pool in enumerate(pools):
                     _join_graph(reached, strongest, cands[n], makers[n], pool)
-        missing = [[m for m in cands[n] if m not in items[n]] for n in range(len(sections))]
+        missing = [[m for m in cands[n] if m not in items[n] and m not in read]
+                   for n in range(len(sections))]
         wanted = list(dict.fromkeys(m for ids in missing for m in ids))
         if wanted:
-            got = self._stores.vectors.get_sections(user_id, wanted,
-                                                    [where for _, where in sections])
+            got = self._stores.vectors.get_sections(user_id, wanted, wheres)
             for n, section_items in enumerate(got):
                 mine = set(missing[n])
                 items[n].update((i.id, i) for i in section_items if i.id in mine)
@@ -289,6 +300,17 @@ class Retriever:
     def _lexical(self, user_id: str, query: str, pool: int) -> list[tuple[str, float]]:
         with self._observe.stage("lexical"):
             return self._stores.lexical.search(user_id, query, limit=pool)
+
+    def _lexical_read(self, user_id: str, query: str, pool: int, wheres: Sequence[Filter | None],
+                      ) -> tuple[list[tuple[str, float]], list[list[MemoryItem]]]:
+        """The lexical hits, and their memories in each section (``wheres``), read as soon as
+        the hits are known: before a Chroma server's record copy is loaded that read is a round
+        trip, and it then overlaps the vector search and the graph instead of following them.
+        (With the copy the same memories are read in the process, earlier.)"""
+        found = self._lexical(user_id, query, pool)
+        if not found:
+            return found, [[] for _ in wheres]
+        return found, self._stores.vectors.get_sections(user_id, [m for m, _ in found], wheres)
 
     def _activation(
         self, user_id: str, query: str, found: list[Candidate], qvec: Sequence[float] | None,

@@ -18,10 +18,11 @@ process dropped are :mod:`hybridmem.chroma.client`'s, shared with the vector sto
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import partial
@@ -254,28 +255,49 @@ class ChromaGraphStore(ServerCache):
         self._sync(user_id, force=True)
 
     def _sync(self, user_id: str, *, force: bool = False) -> UserSync:
+        """Check the server when due (see the module docstring). A first look at the user
+        starts from the snapshot: read on a worker while the lease slots are read, and parsed
+        on a worker while the records noted since are asked for, so its round trips overlap."""
         st = self._state(user_id)
         with st.lock:
             if not self._due(st, force):
                 return st
             started = time.monotonic()
+            first = st.checked is None
+            reading = self._workers.submit(contextvars.copy_context().run, self._read_snapshot,
+                                           user_id) if first else None
             marker, view = self._look(user_id, fresh=force)
-            if marker is not None and marker == st.marker and st.checked is not None:
+            if not first and marker is not None and marker == st.marker:
                 st.checked = started  # nobody took the lease since the last check: no change
                 return st
             noted = None if marker is None else self._written(user_id, st, view)
-            if st.checked is None:  # a first look at the user: start from the snapshot
-                at = self._load_snapshot(user_id, st)
-                if at is not None and view is not None and self._log is not None:
-                    noted = written_since(self._log, user_id, at, view)
+            got = reading.result() if reading is not None else None
+            restoring: Future[bool] | None = None
+            if got is not None:
+                restoring = self._workers.submit(contextvars.copy_context().run,
+                                                 self._cache_restore, user_id, got)
+                st.record_ids = set(got.covers)
+                if got.at is not None and view is not None and self._log is not None:
+                    noted = written_since(self._log, user_id, got.at, view)
+            listed: list[str] = []
+            present: set[str] = set()
+            listing: set[str] | None = None
             if noted is not None:  # the graph records the slots list: O(changes)
                 listed = sorted(i[len(GRAPH_NOTE):] for i in noted if i.startswith(GRAPH_NOTE))
                 present = {i for part in chunks(listed) for i in self._present(user_id, part)}
+            else:
+                listing = set(self._record_ids(user_id))
+            if restoring is not None and not restoring.result():  # replay every record instead
+                st.record_ids, noted = set(), None
+                listing = set(self._record_ids(user_id)) if listing is None else listing
+            elif got is not None:
+                st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
+            if listing is None:
                 gone = {r for r in listed if r not in present and r in st.record_ids}
                 new = present - st.record_ids
                 remote = (st.record_ids - gone) | new
             else:
-                remote = set(self._record_ids(user_id))
+                remote = listing
                 gone, new = st.record_ids - remote, remote - st.record_ids
             if gone or new:
                 self._apply(user_id, st, remote, gone, new)
@@ -288,28 +310,28 @@ class ChromaGraphStore(ServerCache):
         return got["ids"] if got else []
 
     # -- snapshots (see hybridmem.replica.snapshot) ----------------------------------------------
-    def _load_snapshot(self, user_id: str, st: UserSync) -> tuple[int, str, bool] | None:
-        """Start the user's cache from the server's snapshot, if there is a usable one; the check
-        that follows replays only what it does not cover: what the lease slots noted after the
-        snapshot's lease (returned, when known), else what a listing of the records shows. Any
-        failure: nothing is loaded, and the check replays every record."""
+    def _read_snapshot(self, user_id: str) -> snapshot.Snapshot | None:
+        """The server's snapshot of the user, if there is a usable one (a failure is logged:
+        the first look then replays every record). It names the records it covers and the
+        lease it was stored under: the check that starts from it replays only what the slots
+        noted after that lease, or else what a listing of the records shows it lacks."""
         try:
-            got = self._handles.run(_snapshots(user_id), snapshot.read, user_id=user_id,
-                                    what="read the graph snapshot")
+            return self._handles.run(_snapshots(user_id), snapshot.read, user_id=user_id,
+                                     what="read the graph snapshot")
         except StorageError as exc:
             log.warning("graph snapshot of a user not read (%s); replaying its records", exc)
             return None
-        if got is None:
-            return None
+
+    def _cache_restore(self, user_id: str, got: snapshot.Snapshot) -> bool:
+        """Load snapshot ``got`` into the cache; False (and nothing loaded) when it does not
+        parse."""
         try:
             self._cache.restore(user_id, got.graph)
         except ValueError as exc:  # InvalidInputError and JSON errors are ValueErrors
             log.warning("ignoring graph snapshot %s (%s); replaying records", got.snap, exc)
             self._cache.drop_user(user_id)
-            return None
-        st.record_ids = set(got.covers)
-        st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
-        return got.at
+            return False
+        return True
 
     def _compact(self, user_id: str, st: UserSync, *, force: bool = False) -> None:
         """Store a new snapshot when enough was written since the last (call with ``st.lock``
