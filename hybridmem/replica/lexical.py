@@ -37,13 +37,13 @@ __all__ = ["TEXTS_SHARE", "TEXTS_TAIL", "ChromaLexicalIndex"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Texts written or deleted past the last text snapshot before a writer stores a new one, or
-#: an eighth of the snapshot if more (see snapshot.due): a first look fetches about this many
-#: documents at most. A graph snapshot waits for a fortieth only, as replaying a graph record
-#: costs several times what fetching a document costs (10k memories: ~0.65 ms against ~0.1 ms)
-#: and the documents are fetched while the graph loads, while storing either kind of snapshot
-#: costs about the same (10k memories: ~0.3 s a text snapshot).
+#: a sixteenth of the snapshot if more (see snapshot.due): a first look fetches about this many
+#: documents at most (5k memories: a tail of 500 added ~0.1 s to a first context). A graph
+#: snapshot waits for a fortieth only, as replaying a graph record costs several times what
+#: fetching a document costs (10k memories: ~0.65 ms against ~0.1 ms), while storing either
+#: kind costs about the same (10k memories: ~0.3 s a text snapshot).
 TEXTS_TAIL = 256
-TEXTS_SHARE = 8
+TEXTS_SHARE = 16
 #: Snapshot entries per :meth:`ChromaLexicalIndex._stale` request: two SQL variables each, well
 #: under SQLite's 32,766 per statement.
 STALE_CHUNK = 5000
@@ -73,7 +73,7 @@ class ChromaLexicalIndex(ServerCache):
     and asks the server which memories carry a text hash other than the snapshot's
     (:meth:`_stale`). Writers keep the snapshot: a write that deletes or rewrites a memory the
     snapshot holds rewrites it at once (a forgotten or edited text leaves no copy), and after
-    :data:`TEXTS_TAIL` texts (or an eighth of the snapshot) written since the last one, a new
+    :data:`TEXTS_TAIL` texts (or a sixteenth of the snapshot) written since the last one, a new
     one is stored when the lease ends (:meth:`settle`). A snapshot is the writer's own index
     file once it has caught up with every other process's writes: no document is read to make
     it.
