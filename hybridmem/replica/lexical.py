@@ -37,13 +37,12 @@ __all__ = ["TEXTS_SHARE", "TEXTS_TAIL", "ChromaLexicalIndex"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Texts written or deleted past the last text snapshot before a writer stores a new one, or
-#: a sixteenth of the snapshot if more (see snapshot.due): a first look fetches about this many
-#: documents at most (5k memories: a tail of 500 added ~0.1 s to a first context). A graph
-#: snapshot waits for a fortieth only, as replaying a graph record costs several times what
-#: fetching a document costs (10k memories: ~0.65 ms against ~0.1 ms), while storing either
-#: kind costs about the same (10k memories: ~0.3 s a text snapshot).
+#: a fortieth of the snapshot if more (see snapshot.due), as for the graph: a first look
+#: fetches about this many documents at most, and a tail of 500 added ~0.1 s to a first
+#: context() at 5k memories (an eighth or a sixteenth of the snapshot saved a 10k user's
+#: add_many a text snapshot every other batch, ~0.3 s, and cost first reads that much).
 TEXTS_TAIL = 256
-TEXTS_SHARE = 16
+TEXTS_SHARE = 40
 #: Snapshot entries per :meth:`ChromaLexicalIndex._stale` request: two SQL variables each, well
 #: under SQLite's 32,766 per statement.
 STALE_CHUNK = 5000
@@ -73,7 +72,7 @@ class ChromaLexicalIndex(ServerCache):
     and asks the server which memories carry a text hash other than the snapshot's
     (:meth:`_stale`). Writers keep the snapshot: a write that deletes or rewrites a memory the
     snapshot holds rewrites it at once (a forgotten or edited text leaves no copy), and after
-    :data:`TEXTS_TAIL` texts (or a sixteenth of the snapshot) written since the last one, a new
+    :data:`TEXTS_TAIL` texts (or a fortieth of the snapshot) written since the last one, a new
     one is stored when the lease ends (:meth:`settle`). A snapshot is the writer's own index
     file once it has caught up with every other process's writes: no document is read to make
     it.
