@@ -39,8 +39,8 @@ T = TypeVar("T")
 #: Texts written or deleted past the last text snapshot before a writer stores a new one, or
 #: a fortieth of the snapshot if more (see snapshot.due), as for the graph: a first look
 #: fetches about this many documents at most, and a tail of 500 added ~0.1 s to a first
-#: context() at 5k memories (an eighth or a sixteenth of the snapshot saved a 10k user's
-#: add_many a text snapshot every other batch, ~0.3 s, and cost first reads that much).
+#: context() at 5k memories (an eighth of the snapshot would spare a 10k user's add_many a
+#: text snapshot every other batch, ~0.3 s, and cost first reads about as much).
 TEXTS_TAIL = 256
 TEXTS_SHARE = 40
 #: Snapshot entries per :meth:`ChromaLexicalIndex._stale` request: two SQL variables each, well
