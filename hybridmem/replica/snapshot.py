@@ -143,13 +143,13 @@ def new_id() -> str:
 
 
 def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes,
-          at: tuple[int, str, bool] | None = None) -> None:
+          at: tuple[int, str, bool] | None = None, *, tidy: bool = True) -> list[str]:
     """Store snapshot ``snap`` of ``graph`` (``graph.json`` bytes) covering the record ids
     ``covers``, written under lease ``at``. Parts first, then the head, then other snapshots'
-    parts go (see module)."""
+    parts go (see module; without ``tidy`` their ids are returned for the caller to delete)."""
     head = {"covers": sorted(covers), "at": list(at) if at is not None else None}
     payload = json.dumps(head).encode("ascii") + b"\n" + graph
-    _put(collection, _GRAPH, snap, payload, {"covers": len(covers)})
+    return _put(collection, _GRAPH, snap, payload, {"covers": len(covers)}, tidy=tidy)
 
 
 def read(collection: Collection) -> Snapshot | None:
@@ -174,7 +174,8 @@ def read(collection: Collection) -> Snapshot | None:
                     at=(at[0], at[1], at[2]) if at is not None else None)
 
 
-def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
+def write_texts(collection: Collection, snap: str, texts: Texts, *,
+                tidy: bool = True) -> list[str]:
     """Store text snapshot ``snap``: a JSON line of the memory ids, their text hashes and the
     lease it was written under, then the index file. Parts first, then the head, then other
     text snapshots' parts go, as :func:`write` does."""
@@ -182,7 +183,7 @@ def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
     head = {"v": TEXTS_FORMAT, "ids": ids, "hashes": [texts.hashes[i] for i in ids],
             "at": list(texts.at) if texts.at is not None else None}
     payload = json.dumps(head).encode("ascii") + b"\n" + texts.index
-    _put(collection, _TEXTS, snap, payload, {"count": len(ids)})
+    return _put(collection, _TEXTS, snap, payload, {"count": len(ids)}, tidy=tidy)
 
 
 def read_texts(collection: Collection) -> Texts | None:
@@ -241,13 +242,15 @@ def _these(kind: _Kind, cond: dict[_Op, str | int | float | bool],
 
 
 def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
-         extra: Metadata) -> None:
+         extra: Metadata, *, tidy: bool) -> list[str]:
     """Store ``payload`` as snapshot ``snap`` of ``kind``, compressed into metadata parts, with
     the head switched to it in the request that carries the last parts (after them); then delete
     the parts of the kind's other snapshots (a dead writer's included), found by their ids: a
     delete by metadata filter scans every part's data (~0.1 s a snapshot at 10k memories).
     Each Chroma write costs a round trip whatever its size (on a busy server ~0.2-0.4 s), so the
-    head rides along instead of going alone."""
+    head rides along instead of going alone. Without ``tidy`` the parts to delete are returned
+    instead: deleting them costs about what storing the new ones does (~0.1 s at 10k
+    memories), and a writer whose snapshot forgets nothing need not wait for it."""
     text = base64.b64encode(zlib.compress(payload, LEVEL)).decode("ascii")
     pieces = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)] or [""]
     ids = [f"{kind.prefix}{snap}.{n}" for n in range(len(pieces))]
@@ -262,8 +265,10 @@ def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
         collection.upsert(ids=ids[lo:hi], embeddings=units[lo:hi], metadatas=metas[lo:hi])
     listed = collection.get(include=[])["ids"]  # ids only: no part's data travels
     stale = [i for i in listed if _snap_of(kind, i) not in (None, snap)]
-    if stale:
+    if stale and tidy:
         collection.delete(ids=stale)
+        return []
+    return stale
 
 
 def _snap_of(kind: _Kind, record_id: str) -> str | None:
