@@ -122,21 +122,6 @@ def test_forgetting_rewrites_a_snapshot_that_holds_the_memory(
         s.close()
 
 
-def test_the_parts_a_snapshot_replaces_are_deleted_by_the_time_its_writer_closes(
-    chroma_server: str, unique_user: str
-) -> None:
-    """A snapshot that forgets nothing leaves its predecessors' parts to a background deletion
-    (the write does not wait for it); closing the store lets it finish."""
-    writer = ChromaGraphStore(url=chroma_server, refresh_interval=0)
-    for lo in range(0, 3 * SNAPSHOT_TAIL, SNAPSHOT_TAIL):  # three snapshots, each replacing one
-        writer.add_extractions(unique_user,
-                               [(f"m{i}", ex(i)) for i in range(lo, lo + SNAPSHOT_TAIL)])
-    writer.close()
-    stored(chroma_server, unique_user)  # only the current snapshot's records are left
-    head = snapshots(chroma_server, unique_user).get(ids=[snapshot.HEAD])["metadatas"][0]
-    assert int(head["covers"]) == 3 * SNAPSHOT_TAIL
-
-
 def test_a_drop_deletes_the_snapshot(chroma_server: str, unique_user: str) -> None:
     store = ChromaGraphStore(url=chroma_server)
     store.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])

@@ -347,7 +347,7 @@ class ChromaGraphStore(ServerCache):
             return
         with gc_paused():  # the collector would walk the whole graph, again and again
             raw = self._cache.snapshot(user_id)
-        self._store_snapshot(user_id, st, raw, erasing=force)
+        self._store_snapshot(user_id, st, raw)
 
     def _checked(self, user_id: str) -> bool:
         """Check the cache against the server before a snapshot is made of it; False (logged)
@@ -359,11 +359,9 @@ class ChromaGraphStore(ServerCache):
             return False
         return True
 
-    def _store_snapshot(self, user_id: str, st: UserSync, raw: bytes, *,
-                        erasing: bool = False) -> None:
+    def _store_snapshot(self, user_id: str, st: UserSync, raw: bytes) -> None:
         """Store ``raw``, the cache's snapshot, as covering every record the cache holds (see
-        :meth:`_compact`); the snapshots it replaces are deleted at once when ``erasing`` (they
-        may hold what was forgotten), else in the background. A failure is logged."""
+        :meth:`_compact`). A failure is logged."""
         covers = sorted(st.record_ids)
         snap = snapshot.new_id()
         held = self._log.holding(user_id) if self._log is not None else None
@@ -371,16 +369,13 @@ class ChromaGraphStore(ServerCache):
         created: _chroma.CollectionMeta = {
             "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
         try:
-            stale = self._handles.run(
-                _snapshots(user_id), lambda c: snapshot.write(c, snap, covers, raw, at,
-                                                              tidy=erasing),
-                user_id=user_id, what="store the graph snapshot", create=created)
+            self._handles.run(_snapshots(user_id),
+                              lambda c: snapshot.write(c, snap, covers, raw, at),
+                              user_id=user_id, what="store the graph snapshot", create=created)
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
             return
         st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
-        if stale:
-            self._tidy(user_id, stale)
 
     def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
         """After forgetting memories: rewrite the snapshot unless this process knows the

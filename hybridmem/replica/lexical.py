@@ -312,12 +312,9 @@ class ChromaLexicalIndex(ServerCache):
         at = None if held is None else (*held, final)
         snap = snapshot.new_id()
         made = snapshot.Texts(snap=snap, hashes=dict(st.versions), index=image, at=at)
-        stale = self._on_snapshots(  # a snapshot written to forget deletes the others at once
-            user_id, "store the text snapshot",
-            lambda c: snapshot.write_texts(c, snap, made, tidy=not final), create=True)
+        self._on_snapshots(user_id, "store the text snapshot",
+                           lambda c: snapshot.write_texts(c, snap, made), create=True)
         st.texts = snapshot.Texts(snap=snap, hashes=made.hashes, at=at)
-        if stale:
-            self._tidy(user_id, stale)
         st.since_texts, st.owed = 0, False
 
     def _on_snapshots(self, user_id: str, what: str, call: Callable[[Collection], T], *,

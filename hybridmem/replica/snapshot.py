@@ -143,13 +143,13 @@ def new_id() -> str:
 
 
 def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes,
-          at: tuple[int, str, bool] | None = None, *, tidy: bool = True) -> list[str]:
+          at: tuple[int, str, bool] | None = None) -> None:
     """Store snapshot ``snap`` of ``graph`` (``graph.json`` bytes) covering the record ids
     ``covers``, written under lease ``at``. Parts first, then the head, then other snapshots'
-    parts go (see module; without ``tidy`` their ids are returned for the caller to delete)."""
+    parts go (see module)."""
     head = {"covers": sorted(covers), "at": list(at) if at is not None else None}
     payload = json.dumps(head).encode("ascii") + b"\n" + graph
-    return _put(collection, _GRAPH, snap, payload, {"covers": len(covers)}, tidy=tidy)
+    _put(collection, _GRAPH, snap, payload, {"covers": len(covers)})
 
 
 def read(collection: Collection) -> Snapshot | None:
@@ -174,8 +174,7 @@ def read(collection: Collection) -> Snapshot | None:
                     at=(at[0], at[1], at[2]) if at is not None else None)
 
 
-def write_texts(collection: Collection, snap: str, texts: Texts, *,
-                tidy: bool = True) -> list[str]:
+def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
     """Store text snapshot ``snap``: a JSON line of the memory ids, their text hashes and the
     lease it was written under, then the index file. Parts first, then the head, then other
     text snapshots' parts go, as :func:`write` does."""
@@ -183,7 +182,7 @@ def write_texts(collection: Collection, snap: str, texts: Texts, *,
     head = {"v": TEXTS_FORMAT, "ids": ids, "hashes": [texts.hashes[i] for i in ids],
             "at": list(texts.at) if texts.at is not None else None}
     payload = json.dumps(head).encode("ascii") + b"\n" + texts.index
-    return _put(collection, _TEXTS, snap, payload, {"count": len(ids)}, tidy=tidy)
+    _put(collection, _TEXTS, snap, payload, {"count": len(ids)})
 
 
 def read_texts(collection: Collection) -> Texts | None:
@@ -242,15 +241,13 @@ def _these(kind: _Kind, cond: dict[_Op, str | int | float | bool],
 
 
 def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
-         extra: Metadata, *, tidy: bool) -> list[str]:
+         extra: Metadata) -> None:
     """Store ``payload`` as snapshot ``snap`` of ``kind``, compressed into metadata parts, with
     the head switched to it in the request that carries the last parts (after them); then delete
     the parts of the kind's other snapshots (a dead writer's included), found by their ids: a
     delete by metadata filter scans every part's data (~0.1 s a snapshot at 10k memories).
     Each Chroma write costs a round trip whatever its size (on a busy server ~0.2-0.4 s), so the
-    head rides along instead of going alone. Without ``tidy`` the parts to delete are returned
-    instead: deleting them costs about what storing the new ones does (~0.1 s at 10k
-    memories), and a writer whose snapshot forgets nothing need not wait for it."""
+    head rides along instead of going alone."""
     text = base64.b64encode(zlib.compress(payload, LEVEL)).decode("ascii")
     pieces = [text[i : i + PART_CHARS] for i in range(0, len(text), PART_CHARS)] or [""]
     ids = [f"{kind.prefix}{snap}.{n}" for n in range(len(pieces))]
@@ -265,10 +262,8 @@ def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
         collection.upsert(ids=ids[lo:hi], embeddings=units[lo:hi], metadatas=metas[lo:hi])
     listed = collection.get(include=[])["ids"]  # ids only: no part's data travels
     stale = [i for i in listed if _snap_of(kind, i) not in (None, snap)]
-    if stale and tidy:
+    if stale:
         collection.delete(ids=stale)
-        return []
-    return stale
 
 
 def _snap_of(kind: _Kind, record_id: str) -> str | None:

@@ -23,17 +23,14 @@ what it caches and how it replays the server's records into it.
 
 from __future__ import annotations
 
-import contextvars
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.errors import ClosedError, ConfigError, StorageError
+from hybridmem.errors import ClosedError, ConfigError
 from hybridmem.chroma.follow import written
 from hybridmem.protocols import WriteLog, WriteSlot
 from hybridmem.replica import snapshot
@@ -45,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH", "REFRESH_INTERVAL", "ServerCache", "UserSync", "chunks"]
 
-log = logging.getLogger(__name__)
 #: Seconds between two checks of a user's caches against the server (the default of every
 #: cache that follows the server: graph, lexical index, record copy).
 REFRESH_INTERVAL = 1.0
@@ -111,7 +107,6 @@ class ServerCache:
         self._guard = threading.Lock()
         self._closed = False
         self._log: WriteLog | None = None  # see watch()
-        self._tidier: ThreadPoolExecutor | None = None  # see _tidy()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(users_cached={len(self._users)})"
@@ -188,39 +183,12 @@ class ServerCache:
     def _due(self, st: UserSync, force: bool) -> bool:
         return force or st.checked is None or time.monotonic() - st.checked >= self.refresh_interval
 
-    def _tidy(self, user_id: str, ids: list[str]) -> None:
-        """Delete superseded snapshot parts ``ids`` on a background thread. They hold nothing a
-        reader uses and nothing forgotten (a snapshot written to forget deletes the parts before
-        it at once), so a write need not wait for the server to drop them. A failure is logged:
-        the next snapshot of the kind finds them again."""
-        def drop() -> None:
-            try:
-                self._handles.run(_chroma.collection_name(user_id, "snapshot"),
-                                  lambda c: c.delete(ids=ids), user_id=user_id,
-                                  what="delete superseded snapshot parts")
-            except (StorageError, ClosedError) as exc:
-                log.warning("superseded snapshot parts not deleted (%s); the next snapshot "
-                            "deletes them", exc)
-
-        with self._guard:
-            if self._closed:  # (the parts stay; the next snapshot of the kind deletes them)
-                return
-            if self._tidier is None:
-                self._tidier = ThreadPoolExecutor(max_workers=1,
-                                                  thread_name_prefix="hybridmem-tidy")
-            self._tidier.submit(contextvars.copy_context().run, drop)
-
     def _close(self) -> bool:
-        """Mark closed, let the parts being deleted go, drop caches and handles, release an own
-        client; False if it already was."""
+        """Mark closed, drop caches and handles, release an own client; False if it already was."""
         with self._guard:
             if self._closed:
                 return False
             self._closed = True
-            tidier, self._tidier = self._tidier, None
-        if tidier is not None:
-            tidier.shutdown(wait=True)
-        with self._guard:
             self._users.clear()
             self._handles.clear()
             if self._own_client:
