@@ -282,11 +282,19 @@ class ChromaGraphStore(ServerCache):
             listed: list[str] = []
             present: set[str] = set()
             listing: set[str] | None = None
-            if noted is not None:  # the graph records the slots list: O(changes)
-                listed = sorted(i[len(GRAPH_NOTE):] for i in noted if i.startswith(GRAPH_NOTE))
-                present = {i for part in chunks(listed) for i in self._present(user_id, part)}
-            else:
-                listing = set(self._record_ids(user_id))
+            try:
+                if noted is not None:  # the graph records the slots list: O(changes)
+                    listed = sorted(i[len(GRAPH_NOTE):] for i in noted
+                                    if i.startswith(GRAPH_NOTE))
+                    present = {i for part in chunks(listed)
+                               for i in self._present(user_id, part)}
+                else:
+                    listing = set(self._record_ids(user_id))
+            except BaseException:  # a half-made first look is not left to a worker: dropped
+                if restoring is not None:
+                    restoring.exception()  # waits for it
+                    self._restart(user_id, st)
+                raise
             if restoring is not None and not restoring.result():  # replay every record instead
                 st.record_ids, noted = set(), None
                 listing = set(self._record_ids(user_id)) if listing is None else listing
