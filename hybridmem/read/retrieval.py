@@ -158,14 +158,16 @@ class Retriever:
         if executor is not None:
             executor.shutdown(wait=True)
 
-    def warm(self, user_id: str, query: str) -> None:
-        """Start loading what a gathering for the user will read first (a reader thread asks the
-        graph for the query's entities), so a caller that must ask the stores something else
-        first (context(): which sections the user has) overlaps the two; a failure is the
-        gathering's to raise."""
-        if self.weights.graph > 0:
-            self.pool().submit(contextvars.copy_context().run,
-                                self._stores.graph.entities_in, user_id, query)
+    def warm(self, user_id: str, query: str) -> Future[list[str]] | None:
+        """Start loading what a gathering for the user will read first: a reader thread asks
+        the graph for the query's entities (None without the graph signal). A first read of the
+        user then loads the graph (a file, or a server's snapshot and the records after it)
+        while the caller does something else: context() asks which sections the user has, a
+        gathering embeds and searches the query. A failure is the gathering's to raise."""
+        if not self.weights.graph > 0:
+            return None
+        return self.pool().submit(contextvars.copy_context().run,
+                                  self._stores.graph.entities_in, user_id, query)
 
     def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
                now: datetime | None = None) -> list[Hit]:
@@ -191,9 +193,8 @@ class Retriever:
         run per section it would triple a context()'s graph time. Without the graph
         (``graph_weight`` 0) every section ranks exactly as its own search.
 
-        The graph is asked for the query's entities on a reader thread as the gathering starts:
-        a first read of the user then loads the graph (a file, or a server's snapshot and the
-        records after it) while the query is embedded and searched, not after."""
+        The graph is asked for the query's entities on a reader thread as the gathering starts
+        (see :meth:`warm`)."""
         s, w = self._settings, self.weights
         pools = [pool_size(s.candidates, limit) for limit, _ in sections]
         if not sections:
@@ -218,11 +219,8 @@ class Retriever:
         lexical: Future[tuple[list[tuple[str, float]], list[list[MemoryItem]]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
             lexical = self.pool().submit(contextvars.copy_context().run,  # a trace's parent
-                                          self._lexical_read, user_id, query, widest, wheres)
-        warm: Future[list[str]] | None = None
-        if w.graph > 0 and vector:  # a first read of the user loads the graph meanwhile
-            warm = self.pool().submit(contextvars.copy_context().run,
-                                       self._stores.graph.entities_in, user_id, query)
+                                         self._lexical_read, user_id, query, widest, wheres)
+        warm = self.warm(user_id, query) if vector else None
         qvec: list[float] | None = None
         if vector:
             qvec = self._query_vector(query)
