@@ -110,14 +110,8 @@ def written(log: WriteLog, user_id: str, seen: Mapping[int, WriteSlot] | None,
     lexical index follow the server this way too (:mod:`hybridmem.replica.sync`)."""
     if seen is None or missed(seen, now):
         return None
-    released = [n for n, slot in now.items() if seen.get(n) != slot
-                and not slot.held and not slot.mine]
-    out: set[str] = set()
-    for ids in log.changed(user_id, released).values():
-        if ids is None:
-            return None
-        out.update(ids)
-    return out
+    return _noted(log, user_id, [n for n, slot in now.items() if seen.get(n) != slot
+                                 and not slot.held and not slot.mine])
 
 
 def written_since(log: WriteLog, user_id: str, at: tuple[int, str, bool],
@@ -134,7 +128,11 @@ def written_since(log: WriteLog, user_id: str, at: tuple[int, str, bool],
         return None
     if any(n not in now for n in range(first, max(now) + 1)):
         return None
-    released = [n for n, s in now.items() if n >= first + final and not s.held]
+    return _noted(log, user_id, [n for n, s in now.items() if n >= first + final and not s.held])
+
+
+def _noted(log: WriteLog, user_id: str, released: list[int]) -> set[str] | None:
+    """Every id the ``released`` slots list; None when one of them does not say."""
     out: set[str] = set()
     for ids in log.changed(user_id, released).values():
         if ids is None:
