@@ -214,3 +214,37 @@ def test_many_users_keep_at_most_max_open_connections(tmp_path: Path) -> None:
         assert len(small._conns) == 3
         assert [m for m, _ in small.search("user-0", "monitors", limit=5)] == ["m0"]  # reopened
         assert len(small._conns) == 3
+
+
+def test_an_index_file_travels_whole_and_a_foreign_one_is_refused(tmp_path: Path) -> None:
+    """dump() gives the user's file, load() takes it in another store (server mode ships it in
+    a text snapshot): same answers, no deleted text in it. A file with anything the index does
+    not make (here a trigger that would run on the next write) or no database at all is refused,
+    and leaves the user with no index rather than a half-loaded one."""
+    source = SqliteLexicalIndex(tmp_path / "a")
+    source.add("u", ["m1", "m2", "m3"], ["the Dell monitor arm", "a zanzibar secret", "ROG laptop"])
+    source.delete("u", ["m2"])
+    image = source.dump("u")
+    assert image is not None and b"zanzibar" not in image
+    assert source.dump("nobody") is None
+    target = SqliteLexicalIndex(tmp_path / "b")
+    target.add("u", ["old"], ["text the loaded file replaces"])
+    assert target.load("u", image)
+    for query in ("monitor arm", "laptop", "zanzibar", "replaces"):
+        assert target.search("u", query, limit=5) == source.search("u", query, limit=5)
+    target.add("u", ["m4"], ["a second monitor"])  # the loaded file takes writes
+    assert {i for i, _ in target.search("u", "monitor", limit=5)} == {"m1", "m4"}
+
+    crafted = tmp_path / "crafted.sqlite3"
+    conn = sqlite3.connect(crafted)
+    for statement in SqliteLexicalIndex.schema:
+        conn.execute(statement)
+    conn.execute("CREATE TRIGGER t AFTER INSERT ON ids BEGIN DELETE FROM ids; END")
+    conn.commit()
+    conn.close()
+    for foreign in (crafted.read_bytes(), b"not a database" * 100):
+        assert not target.load("u", foreign)
+        assert target.search("u", "monitor", limit=5) == []
+        assert target.dump("u") is None
+    source.close()
+    target.close()

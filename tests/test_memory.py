@@ -238,6 +238,26 @@ def test_reads_by_id_do_not_start_loading_the_record_cache(
         assert not vectors._loading.loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
 
 
+# Embedded only, as above.
+@pytest.mark.parametrize("chroma_url", ["embedded"], indirect=True)
+def test_a_first_context_does_not_start_loading_the_record_cache(
+    settings: Settings, embedder: LocalEmbedder
+) -> None:
+    """context() asks whether the user has key facts, summaries and procedures with bounded
+    listings: they are not misses that load every record, so a user's first context() does not
+    share the machine with that load; the second one starts it."""
+    with Memory(settings, embedder=embedder) as mem:
+        mem.add_many("u", ["Alice bought a ROG laptop", "Bob lives in Lyon"])
+    with Memory(settings, embedder=embedder) as mem:
+        assert "ROG laptop" in mem.context("u", "which laptop?").text
+        vectors = mem._stores.vectors  # white-box: the cache the read path may load
+        assert not vectors._loading.loaders and vectors._records.get("u") is None  # type: ignore[attr-defined]
+        mem.context("u", "who lives in Lyon?")
+        for loader in list(vectors._loading.loaders.values()):  # type: ignore[attr-defined]
+            loader.join()
+        assert vectors._records.get("u") is not None  # type: ignore[attr-defined]
+
+
 def _search_thrice_then_due(mem: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three searches that each return both memories, the write due only with the third.
 
