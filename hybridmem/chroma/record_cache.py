@@ -259,8 +259,10 @@ class RecordLoading:
     """When a user's records enter the cache: at the user's second miss, in a background thread
     (or at once with ``background=False``), never while another writer shares the files.
 
-    Why the second miss: a one-shot CLI search, or reads by id (``load=False``), should not pay
-    for loading every record of the user. The load holds the user's write lock (``hold``), so
+    Why the second miss: a one-shot CLI search should not pay for loading every record of the
+    user. Reads by id and bounded listings (``load=False``; context()'s section questions are
+    such listings) are no misses, so a user's first context() does not share the machine with
+    the load either. The load holds the user's write lock (``hold``), so
     writes wait for it and none is missed. ``load(user_id)`` reads the user's records from the
     store; ``exclusive()`` says whether this process still is the only writer (else the cache is
     dropped and the store reads Chroma).
