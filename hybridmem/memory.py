@@ -616,7 +616,7 @@ class Memory:
         validate_limit(limit)
         floor = self._min_score(min_score)
         when = validate_as_of(as_of)
-        self._retriever.warm(user_id, query)  # the graph loads while the sections are known
+        warmed = self._retriever.warm(user_id, query)  # the graph loads meanwhile
         has_facts, has_episodes, has_procedures = self._extras.of(
             user_id, pool=self._retriever.pool())
         # one gathering feeds every section: the memories, then summaries and procedures
@@ -627,7 +627,7 @@ class Memory:
         if has_procedures:
             sections.append((MAX_CONTEXT_PROCEDURES,
                              memory_filter({"kind": "procedure"}, as_of=when)))
-        found = self._retriever.gather(user_id, query, sections, now=when)
+        found = self._retriever.gather(user_id, query, sections, now=when, warmed=warmed)
         if floor > 0:  # 0 is off: a fused score can be negative (cosine below 0)
             found = [[h for h in hits if h.score >= floor] for hits in found]
         self._access.note(user_id, list(dict.fromkeys(h.item.id for hits in found for h in hits)),

@@ -176,7 +176,8 @@ class Retriever:
         return self.gather(user_id, query, [(limit, where)], now=now)[0]
 
     def gather(self, user_id: str, query: str, sections: Sequence[tuple[int, Filter | None]],
-               *, now: datetime | None = None) -> list[list[Hit]]:
+               *, now: datetime | None = None,
+               warmed: Future[list[str]] | None = None) -> list[list[Hit]]:
         """The best memories for ``query`` in each ``(limit, where)`` section, from one
         gathering: one query embedding, one nearest-neighbour search (see
         :meth:`~hybridmem.protocols.VectorStore.query_sections`), one lexical lookup whose
@@ -194,7 +195,7 @@ class Retriever:
         (``graph_weight`` 0) every section ranks exactly as its own search.
 
         The graph is asked for the query's entities on a reader thread as the gathering starts
-        (see :meth:`warm`)."""
+        (see :meth:`warm`), unless the caller started it already (``warmed``)."""
         s, w = self._settings, self.weights
         pools = [pool_size(s.candidates, limit) for limit, _ in sections]
         if not sections:
@@ -220,7 +221,7 @@ class Retriever:
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
             lexical = self.pool().submit(contextvars.copy_context().run,  # a trace's parent
                                          self._lexical_read, user_id, query, widest, wheres)
-        warm = self.warm(user_id, query) if vector else None
+        warm = warmed if warmed is not None else self.warm(user_id, query) if vector else None
         qvec: list[float] | None = None
         if vector:
             qvec = self._query_vector(query)
