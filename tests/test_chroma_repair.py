@@ -37,8 +37,10 @@ for data_dir in sys.argv[2:]:
     missed = [i for i in want["sample"]
               if not any(h.item.id == i for h in mem.search("alice", want["text"][i], limit=5))]
     history = sum(1 for i in want["sample"] if mem.history("alice", i))
-    why = [[(h.item.id == i, h.breakdown.vector_rank, h.breakdown.lexical_rank, round(h.score, 4))
-            for h in mem.search("alice", want["text"][i], limit=8)] for i in missed]
+    why = [[(h.item.id == i, h.breakdown.vector_rank, h.breakdown.lexical_rank,
+             h.breakdown.graph, round(h.score, 4))
+            for n, h in enumerate(mem.search("alice", want["text"][i], limit=100))
+            if n < 5 or h.item.id == i] for i in missed]
     print(json.dumps({"listed": len(got & set(want["ids"])), "by_id": by_id,
                       "found": len(want["sample"]) - len(missed), "history": history,
                       "why": why}), flush=True)
@@ -76,8 +78,8 @@ def _segment(data: Path) -> Path:
 
 def _check(want: Path, *data: Path) -> list[dict[str, int]]:
     """What the checker found in each data dir (all in one child process); a sampled memory its
-    own text did not find is shown with the top 8 hits (is it, vector rank, lexical rank,
-    score), so a failure in CI says whether the vector index or the ranking lost it."""
+    own text did not find is shown with the top 5 hits and its own, if among the first 100 (is it,
+    vector rank, lexical rank, graph, score), so a failure says which signal lost it."""
     run = subprocess.run([sys.executable, "-c", CHECKER, str(want), *map(str, data)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
