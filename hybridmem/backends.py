@@ -153,7 +153,10 @@ def _open(
 
         leases = ChromaLeases(client, ttl=s.lease_ttl)
         if chroma is not None:  # the record copy catches up as often as the graph and lexicon
-            chroma.follow(leases, interval=REFRESH_INTERVAL)
+            from hybridmem.replica.records import ChromaRecordSnapshots
+
+            chroma.follow(leases, interval=REFRESH_INTERVAL,
+                          snapshots=ChromaRecordSnapshots(client))
         for cache in (graph, lexical):  # they follow the leases' notes too
             if isinstance(cache, ServerCache):
                 cache.watch(leases)

@@ -42,6 +42,8 @@ __all__ = [
     "Leases",
     "LexicalIndex",
     "Pingable",
+    "RecordSnapshot",
+    "RecordSnapshots",
     "Reembeddable",
     "Refreshable",
     "Reporting",
@@ -496,6 +498,34 @@ class WriteLog(Protocol):
     def holding(self, user_id: str) -> tuple[int, str] | None:
         """(slot number, owner token) of the user's lease this process holds now, else None: a
         snapshot written under it names it, so a reader knows which slots' notes came after."""
+
+
+@dataclass(frozen=True)
+class RecordSnapshot:
+    """Every record of a user's vector store as one writer's copy held them (id -> (document,
+    stored metadata)), and the lease it was taken under: (slot number, owner token, whether
+    after the lease's last write), as :func:`hybridmem.chroma.follow.written_since` reads it."""
+
+    rows: dict[str, tuple[str, Mapping[str, Any]]]
+    at: tuple[int, str, bool] | None
+
+
+class RecordSnapshots(Protocol):
+    """Where a shared Chroma server keeps each user's :class:`RecordSnapshot`, so a process's
+    first load of a user's record copy is one read plus what the lease slots noted since,
+    instead of every record's metadata assembled by the server (5k memories: ~0.4 s)."""
+
+    def read(self, user_id: str) -> RecordSnapshot | None:
+        """The user's current snapshot; None when there is none or it cannot be trusted."""
+        ...
+
+    def write(self, user_id: str, snapshot: RecordSnapshot) -> None:
+        """Store ``snapshot`` as the user's current one (replacing the previous)."""
+        ...
+
+    def drop(self, user_id: str) -> None:
+        """Delete the user's snapshot (it held a text that is being deleted or replaced)."""
+        ...
 
 
 class Lease(Protocol):

@@ -58,8 +58,9 @@ class Stores:
     def settle(self, user_id: str) -> None:
         """The user's lease ends after its last write (server mode): the stores that keep state
         in the server for other processes store what the lease's writes owe it."""
-        if isinstance(self.lexical, Settling):
-            self.lexical.settle(user_id)
+        for store in (self.lexical, self.vectors):
+            if isinstance(store, Settling):
+                store.settle(user_id)
 
     def close(self) -> None:
         """Close every store, even if one fails; the first failure is raised at the end."""

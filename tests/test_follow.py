@@ -22,6 +22,7 @@ from hybridmem.replica import lease as lease_module
 from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
 from hybridmem.replica.lease import NOTE, ChromaLeases
 from hybridmem.replica.lexical import TEXTS_TAIL, ChromaLexicalIndex
+from hybridmem.replica.records import ChromaRecordSnapshots
 from hybridmem.runtime.locks import WriteLocks
 
 EMB = HashEmbedder(32)
@@ -54,12 +55,14 @@ class Process:
 def process(chroma_server: str) -> Iterator[Any]:
     made: list[Process] = []
 
-    def make(interval: float = 3600.0) -> Process:
+    def make(interval: float = 3600.0, snapshots: bool = False) -> Process:
         store = ChromaVectorStore(embedder_name=EMB.name, dimension=32, url=chroma_server,
                                   cache_records=True, background_load=False)
         leases = ChromaLeases(store.client)
-        store.follow(leases, interval=interval)
-        made.append(Process(store, leases, WriteLocks(leases, refresh=store.refresh)))
+        store.follow(leases, interval=interval,
+                     snapshots=ChromaRecordSnapshots(store.client) if snapshots else None)
+        made.append(Process(store, leases, WriteLocks(leases, refresh=store.refresh,
+                                                      settle=store.settle)))
         return made[-1]
 
     yield make
@@ -376,3 +379,78 @@ def test_a_graph_first_look_reads_the_records_noted_after_its_snapshot_without_a
     finally:
         fresh.close()
         replayed.close()
+
+
+def test_a_copy_loads_from_the_record_snapshot_and_what_leases_noted_since(
+    process: Any, unique_user: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer whose copy is loaded stores a record snapshot as its lease ends; another
+    process's copy then loads from it and reads by id only what later leases noted — no
+    listing — and equals the copy a full read makes. Deleting or rewriting a text deletes the
+    snapshot first: none holds a forgotten text, and the next load reads every record."""
+    u = unique_user
+    a = process(snapshots=True)
+    a.everything(u)  # a's copy is loaded (empty): it knows of no snapshot, so owes one
+    a.put(u, [item(u, f"m{n}", f"Alice bought the kettle number {n}") for n in range(6)])
+    a.put(u, [item(u, "m6", "Alice returned the kettle number 2")])  # after: the tail
+    a.update(u, [a.everything(u)[1].model_copy(update={"importance": 0.9})])
+    a.update(u, [a.everything(u)[2].model_copy(update={"superseded_by": "m6"})])  # to archive
+
+    def load() -> tuple[list[MemoryItem], list[tuple[str, Any]]]:
+        calls: list[tuple[str, Any]] = []
+        real = Collection.get
+
+        def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+            if _memories(self.name):
+                calls.append((self.name, kwargs.get("ids")))
+            return real(self, *args, **kwargs)
+
+        fresh = process(snapshots=True)
+        monkeypatch.setattr(Collection, "get", noted)
+        try:
+            return fresh.everything(u), calls
+        finally:
+            monkeypatch.undo()
+
+    full = process().everything(u)  # without snapshots: every record read
+    assert full == a.everything(u) and full[1].importance == 0.9 and not full[2].is_current
+    loaded, calls = load()
+    assert loaded == full
+    assert [ids for _, ids in calls if ids is None] == []  # no listing
+    assert sorted({i for _, ids in calls for i in ids}) == ["m1", "m2", "m6"]
+    snaps = ChromaRecordSnapshots(a.store.client)
+    dropped: list[str] = []
+    real_drop = ChromaRecordSnapshots.drop
+
+    def drop(self: ChromaRecordSnapshots, user: str) -> None:
+        assert "m3" in {i.id for i in a.store.get(u, ["m3"])}  # before the memory goes
+        dropped.append(user)
+        real_drop(self, user)
+
+    monkeypatch.setattr(ChromaRecordSnapshots, "drop", drop)
+    a.delete(u, ["m3"])  # a forgotten text: the snapshot goes first, a new one at the release
+    monkeypatch.undo()
+    held = snaps.read(u)
+    assert dropped == [u] and held is not None and held.rows.keys() == {
+        i.id for i in a.everything(u)} and "m3" not in held.rows
+    loaded, calls = load()
+    assert loaded == a.everything(u) and [ids for _, ids in calls if ids is None] == []
+    assert {i for _, ids in calls for i in ids} == set()  # nothing written since
+    a.put(u, [item(u, "m4", "Alice returned the Qorv kettle")])  # a text replaced
+    held = snaps.read(u)
+    assert held is not None and held.rows["m4"][0] == "Alice returned the Qorv kettle"
+    assert all("kettle number 4" not in doc for doc, _ in held.rows.values())
+    # a new memory leaves the snapshot as it was (the load reads it by id); another process's
+    # deletion drops it and, its copy loaded from it, stores the next without the memory
+    b = process(snapshots=True)
+    b.put(u, [item(u, "m8", "Alice returned the kettle number 5 twice")])
+    a.store.refresh(u)
+    loaded, calls = load()
+    assert loaded == a.everything(u) and {i for _, ids in calls for i in ids} == {"m8"}
+    b.delete(u, ["m0"])
+    a.store.refresh(u)
+    held = snaps.read(u)
+    assert held is not None and "m0" not in held.rows
+    loaded, calls = load()
+    assert loaded == a.everything(u) == b.everything(u)
+    assert [ids for _, ids in calls if ids is None] == []

@@ -80,6 +80,11 @@ class UserRecords:
     #: copy last caught up with them, and when (monotonic).
     base: dict[int, WriteSlot] | None = None
     checked: float = 0.0
+    #: On a shared Chroma server: records this process wrote since the copy was loaded or its
+    #: last record snapshot was stored, and whether the server has a record snapshot, as this
+    #: process last knew (None: unknown); see hybridmem.replica.records.
+    since: int = 0
+    snapshot: bool | None = None
 
     def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Insert or replace records (id, document, metadata)."""
@@ -116,6 +121,11 @@ class UserRecords:
                 bucket = self.index.get(_key(name, old.meta[name]))
                 if bucket is not None:
                     bucket.discard(id_)
+
+    def rows_now(self) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        """Every record (id -> (document, metadata)) as of now."""
+        with self.lock:
+            return {i: (row.document, row.meta) for i, row in self.rows.items()}
 
     def row(self, id_: str) -> tuple[str, Mapping[str, Any]] | None:
         with self.lock:

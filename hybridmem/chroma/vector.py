@@ -50,7 +50,7 @@ from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
-from hybridmem.chroma.follow import Follower
+from hybridmem.chroma.follow import Follower, written_since
 from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
@@ -58,7 +58,8 @@ from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError, StorageError
 from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
-from hybridmem.protocols import StoreReport, VectorHit, WriteLog
+from hybridmem.protocols import (GRAPH_NOTE, RecordSnapshot, RecordSnapshots, StoreReport,
+                                 VectorHit, WriteLog)
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -71,6 +72,13 @@ log = logging.getLogger(__name__)
 #: 2: memories that are not current live in the archive collection.
 SCHEMA_VERSION = 2
 T = TypeVar("T")
+#: A record snapshot is owed after this many records were written since the last one, and at
+#: least an eighth of the user's records (a load fetches that tail by id: ~0.1 ms a record of
+#: server time, against ~1 s for a rewrite at 10k memories; see hybridmem.replica.records).
+RECORDS_TAIL = 1024
+RECORDS_SHARE = 8
+#: Ids per request when a load fetches what was written since the record snapshot.
+TAIL_CHUNK = 2000
 #: How many more neighbours a filtered query fetches before filtering them itself.
 OVERFETCH = 3
 #: A query section whose filter pins a kind (or key) to at most this many records is ranked here,
@@ -120,6 +128,7 @@ class ChromaVectorStore:
         self._path = None if url is not None else path
         #: server mode: what keeps the record copy exact (None: no copy until follow() is called)
         self._follower: Follower | None = None
+        self._snapshots: RecordSnapshots | None = None  # server mode: see follow()
         self._shared = url is not None
         self._where = f"url={urlparse(url).netloc.rpartition('@')[2]!r}" if url else f"path={path}"
         self._embedder_name = embedder_name
@@ -211,11 +220,43 @@ class ChromaVectorStore:
             )
 
     # -- the record cache ------------------------------------------------------------------------
-    def follow(self, log: WriteLog, *, interval: float) -> None:
+    def follow(self, log: WriteLog, *, interval: float,
+               snapshots: RecordSnapshots | None = None) -> None:
         """On a Chroma server, keep the record copy, caught up with other processes' writes
         from ``log`` (the users' write leases) at most every ``interval`` seconds (see
-        :mod:`hybridmem.chroma.follow`); this store's writes are noted in ``log``."""
+        :mod:`hybridmem.chroma.follow`); this store's writes are noted in ``log``. With
+        ``snapshots`` a copy is loaded from the user's record snapshot and what was noted
+        since, and writers store one when their lease ends (see
+        :mod:`hybridmem.replica.records`)."""
         self._follower = Follower(log, interval=interval)
+        self._snapshots = snapshots
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends after its last write: store a record snapshot of this process's
+        copy if one is owed (see :class:`~hybridmem.protocols.Settling`): when the server has
+        none this process knows of, or enough was written since the last. A process without
+        the user's copy in memory stores none. A failure is logged, never raised."""
+        follower, snapshots = self._follower, self._snapshots
+        if follower is None or snapshots is None or self._records is None:
+            return
+        records = self._records.get(user_id)
+        if records is None or not (records.snapshot is False or records.since >= max(
+                RECORDS_TAIL, len(records) // RECORDS_SHARE)):
+            return
+        held = follower.log.holding(user_id)
+        since = 0
+        try:
+            with self._user_lock.hold(user_id):
+                if self._catch_up(user_id, records, force=True) is None:
+                    return
+                rows = records.rows_now()
+                since, records.since = records.since, 0
+            snapshots.write(user_id, RecordSnapshot(
+                rows=rows, at=None if held is None else (*held, True)))
+            records.snapshot = True
+        except StorageError as exc:
+            records.since += since
+            log.warning("record snapshot not stored (%s); loads read every record", exc)
 
     def refresh(self, user_id: str) -> None:
         """Catch the user's record copy up with other processes' writes now (server mode; see
@@ -272,6 +313,8 @@ class ChromaVectorStore:
         records = UserRecords(build=lambda i, d, m: to_item(user_id, i, d, m))
         if self._follower is not None:  # before reading: writes landing meanwhile are redone
             self._follower.start(user_id, records)
+            if self._seeded(user_id, records):
+                return records
         found, losers = self._both_rows(user_id, lambda c: _chroma.get_paged(
             c, include=["documents", "metadatas"]))
         for archive, ids in losers.items():
@@ -279,6 +322,44 @@ class ChromaVectorStore:
                 self._run(user_id, "repair", lambda c: c.delete(ids=ids), archive=archive)
         records.put((i, doc, meta) for i, (doc, meta) in found.items())
         return records
+
+    def _seeded(self, user_id: str, records: UserRecords) -> bool:
+        """Fill ``records`` from the user's record snapshot and what the lease slots noted since
+        its lease (read by id); False, with ``records`` empty, when there is no snapshot or the
+        slots cannot say what it lacks (the caller reads every record)."""
+        if self._snapshots is None or self._follower is None:
+            return False
+        try:
+            got = self._snapshots.read(user_id)
+        except StorageError as exc:
+            log.warning("record snapshot of a user not read (%s); reading every record", exc)
+            got = None
+        records.snapshot = got is not None
+        if got is None or got.at is None or records.base is None:
+            return False
+        noted = written_since(self._follower.log, user_id, got.at, records.base)
+        if noted is None:
+            return False
+        tail = sorted(i for i in noted if not i.startswith(GRAPH_NOTE))
+        found: dict[str, tuple[str, Mapping[str, Any]]] = {}
+        for lo in range(0, len(tail), TAIL_CHUNK):
+            found.update(self._server_rows(user_id, tail[lo : lo + TAIL_CHUNK]))
+        records.put((i, doc, meta) for i, (doc, meta) in got.rows.items() if i not in found)
+        records.put((i, doc, meta) for i, (doc, meta) in found.items())
+        records.remove(i for i in tail if i not in found)
+        records.since = len(tail)
+        log.debug("record copy: %d records from a snapshot, %d fetched", len(got.rows), len(tail))
+        return True
+
+    def _unsnapshot(self, user_id: str) -> None:
+        """Delete the user's record snapshot before a write deletes or replaces a text it may
+        hold (a failure fails the write: no copy of the text may outlive it)."""
+        if self._snapshots is None:
+            return
+        self._snapshots.drop(user_id)
+        cached = self._records.get(user_id) if self._records is not None else None
+        if cached is not None:
+            cached.snapshot = False
 
     def _both_rows(self, user_id: str, read: Callable[[Collection], Any],
                    ) -> tuple[dict[str, tuple[str, Mapping[str, Any]]],
@@ -320,6 +401,9 @@ class ChromaVectorStore:
         with self._user_lock.hold(user_id), self._coherent(user_id):
             self._noted(user_id, [i.id for i in items])  # first: a write that fails part way is noted too
             placed = self._placed(user_id, [i.id for i in items])
+            if any(meta.get("text_hash") != r.get("text_hash")
+                   for i, r in zip(items, records) for meta in placed.get(i.id, {}).values()):
+                self._unsnapshot(user_id)
             for archive in (False, True):
                 picked = [n for n, r in enumerate(records) if archived(r) == archive]
                 if not picked:
@@ -338,6 +422,7 @@ class ChromaVectorStore:
             cached = self._records.get(user_id) if self._records is not None else None
             if cached is not None:
                 cached.put((i.id, i.text, stored(r)) for i, r in zip(items, records))
+                cached.since += len(items)
 
     def update(self, user_id: str, items: Sequence[MemoryItem]) -> None:
         """Replace the fields of existing memories whose text did not change (documents and
@@ -367,6 +452,7 @@ class ChromaVectorStore:
                 rows = [(i.id, row[0], stored(r)) for i, r in zip(items, records)
                         if (row := cached.row(i.id)) is not None]
                 cached.put(rows)
+                cached.since += len(rows)
 
     def _move(self, user_id: str, moving: builtins.list[tuple[str, Record]],
               placed: place.Placed, *, to_archive: bool) -> None:
@@ -397,6 +483,8 @@ class ChromaVectorStore:
         with self._owed(), self._user_lock.hold(user_id), self._coherent(user_id):
             self._noted(user_id, ids)  # first: a write that fails part way is noted too
             placed = self._placed(user_id, ids)
+            if placed:
+                self._unsnapshot(user_id)
             for archive in (False, True):
                 doomed = [i for i in ids if archive in placed.get(i, {})]
                 if doomed:
@@ -405,12 +493,14 @@ class ChromaVectorStore:
             cached = self._records.get(user_id) if self._records is not None else None
             if cached is not None:
                 cached.remove(ids)
+                cached.since += len(ids)
 
     def drop_user(self, user_id: str) -> None:
         """Delete both of the user's collections (purged as :meth:`delete` says)."""
         self._live()
         with self._owed(), self._user_lock.hold(user_id):
             self._drop_cached(user_id)
+            self._unsnapshot(user_id)
             for kind in ("memories", "archive"):
                 self._handles.drop(_chroma.collection_name(user_id, kind), user_id=user_id,
                                    what="delete the memories")

@@ -374,8 +374,7 @@ class ChromaGraphStore(ServerCache):
         snap = snapshot.new_id()
         held = self._log.holding(user_id) if self._log is not None else None
         at = None if held is None else (*held, False)  # mid-lease: its own notes may follow
-        created: _chroma.CollectionMeta = {
-            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
+        created = snapshot.collection_meta(user_id)
         try:
             self._handles.run(_snapshots(user_id),
                               lambda c: snapshot.write(c, snap, covers, raw, at),

@@ -321,8 +321,7 @@ class ChromaLexicalIndex(ServerCache):
                       create: bool = False) -> T | None:
         """``call`` on the user's snapshot collection (shared with the graph's snapshot); None
         when it does not exist and ``create`` is false."""
-        made: _chroma.CollectionMeta = {
-            "user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": snapshot.SCHEMA}
+        made = snapshot.collection_meta(user_id)
         return self._handles.run(_chroma.collection_name(user_id, "snapshot"), call,
                                  user_id=user_id, what=what, create=made if create else None)
 

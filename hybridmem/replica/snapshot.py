@@ -23,6 +23,11 @@ keys never touches the other's records: Chroma's ``$ne`` matches a record withou
   ``count``, ``codec``, ``ts``). Its payload is one JSON line (the format, memory ids, each
   text's :func:`~hybridmem.text.text_hash`, and the lease it was written under), a newline,
   then the user's lexical index file (see :mod:`hybridmem.replica.lexical`).
+- the *record snapshot* (:func:`write_records`, :func:`read_records`): parts ``records.<snap>.<n>``
+  (``records``, ``rpart``, ``data``) and the head ``records`` (``records``, ``rparts``, ``count``,
+  ``codec``, ``ts``). Its payload is one JSON object: the format, the lease it was written under,
+  and every record of the user's vector store (ids, documents, stored metadata), as the writer's
+  record copy held them (see :mod:`hybridmem.replica.records`).
 
 A payload is compressed with zlib, base64-encoded (:data:`CODEC`) and cut into pieces of at
 most :data:`PART_CHARS` characters, each in its part's *metadata* value ``data``. Why metadata
@@ -62,15 +67,16 @@ import uuid
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["CODEC", "HEAD", "PART_CHARS", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot",
-           "Texts", "drop_texts", "due", "new_id", "read", "read_texts", "texts_head", "write",
-           "write_texts"]
+__all__ = ["CODEC", "HEAD", "PART_CHARS", "RECORDS_FORMAT", "RECORDS_HEAD", "SCHEMA",
+           "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot", "Texts", "collection_meta", "drop_records",
+           "drop_texts", "due", "new_id", "read", "read_records", "read_texts", "texts_head",
+           "write", "write_records", "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
@@ -81,6 +87,10 @@ HEAD = "head"
 TEXTS_HEAD = "lexical"
 #: The text snapshot's payload format (a reader ignores others: an older one listed texts).
 TEXTS_FORMAT = 2
+#: The id of the record naming the current record snapshot.
+RECORDS_HEAD = "records"
+#: The record snapshot's payload format (a reader ignores others).
+RECORDS_FORMAT = 1
 #: Characters per part: a bounded request, and far below any document limit of the server.
 PART_CHARS = 1 << 20
 #: Parts per ``upsert`` request.
@@ -109,6 +119,8 @@ class _Kind:
 
 _GRAPH = _Kind(head=HEAD, key="snap", part="part", parts="parts", prefix="")
 _TEXTS = _Kind(head=TEXTS_HEAD, key="lexical", part="lpart", parts="lparts", prefix="lexical.")
+_RECORDS = _Kind(head=RECORDS_HEAD, key="records", part="rpart", parts="rparts",
+                 prefix="records.")
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,59 @@ def read_texts(collection: Collection) -> Texts | None:
         return None
     return Texts(snap=snap, hashes=dict(zip(ids, hashes)), index=index,
                  at=(at[0], at[1], at[2]) if at is not None else None)
+
+
+def collection_meta(user_id: str) -> dict[str, str | int]:
+    """The metadata the user's snapshot collection is created with (by whichever kind of
+    snapshot is stored first)."""
+    return {"user_id": user_id, "kind": "hybridmem-graph-snapshot", "schema": SCHEMA}
+
+
+def write_records(collection: Collection, snap: str,
+                  rows: Mapping[str, tuple[str, Mapping[str, Any]]],
+                  at: tuple[int, str, bool] | None) -> None:
+    """Store record snapshot ``snap`` of ``rows`` (id -> (document, stored metadata)), taken
+    under lease ``at``. Parts first, then the head, then other record snapshots' parts go, as
+    :func:`write` does."""
+    ids = sorted(rows)
+    body = {"v": RECORDS_FORMAT, "at": list(at) if at is not None else None, "ids": ids,
+            "docs": [rows[i][0] for i in ids], "metas": [rows[i][1] for i in ids]}
+    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    _put(collection, _RECORDS, snap, payload, {"count": len(ids)})
+
+
+def read_records(collection: Collection) -> tuple[
+        str, dict[str, tuple[str, dict[str, str | int | float | bool]]],
+        tuple[int, str, bool] | None] | None:
+    """(snapshot id, id -> (document, metadata), lease) of the current record snapshot, or None
+    when there is none or it cannot be trusted: of another format, or a value that is not what
+    Chroma stores (a string, number or boolean per metadata key)."""
+    got = _get(collection, _RECORDS)
+    if got is None:
+        return None
+    snap, payload = got
+    try:
+        body = json.loads(payload)
+        version, at = body["v"], body["at"]
+        ids, docs, metas = body["ids"], body["docs"], body["metas"]
+    except (ValueError, TypeError, KeyError):
+        version = at = ids = docs = metas = None
+    if not (version == RECORDS_FORMAT and _lease(at) and isinstance(ids, list)
+            and isinstance(docs, list) and isinstance(metas, list)
+            and len(ids) == len(docs) == len(metas)
+            and all(isinstance(x, str) for x in (*ids, *docs))
+            and all(isinstance(m, dict) and all(
+                isinstance(v, (str, int, float, bool)) for v in m.values()) for m in metas)):
+        log.warning("ignoring record snapshot %s: it does not parse", snap)
+        return None
+    return (snap, {i: (d, m) for i, d, m in zip(ids, docs, metas)},
+            (at[0], at[1], at[2]) if at is not None else None)
+
+
+def drop_records(collection: Collection) -> None:
+    """Delete the record snapshot: the head first, so no reader starts on parts being deleted."""
+    collection.delete(ids=[RECORDS_HEAD])
+    collection.delete(where=_these(_RECORDS, {"$gte": 0}))
 
 
 def _lease(at: object) -> bool:
