@@ -31,6 +31,7 @@ from hybridmem.protocols import (
     GraphStore,
     HistoryLog,
     LexicalIndex,
+    NameSnapshots,
     TokenCounter,
     VectorStore,
 )
@@ -153,15 +154,20 @@ def _open(
 
         leases = ChromaLeases(client, ttl=s.lease_ttl)
         if chroma is not None:  # the record copy catches up as often as the graph and lexicon
-            from hybridmem.replica.records import ChromaRecordSnapshots
+            from hybridmem.replica.copies import ChromaRecordSnapshots
 
             chroma.follow(leases, interval=REFRESH_INTERVAL,
                           snapshots=ChromaRecordSnapshots(client))
         for cache in (graph, lexical):  # they follow the leases' notes too
             if isinstance(cache, ServerCache):
                 cache.watch(leases)
+    shared_names = None
+    if leases is not None and client is not None:
+        from hybridmem.replica.copies import ChromaNameSnapshots
+
+        shared_names = ChromaNameSnapshots(client)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
-                  dir_lock=dir_lock, leases=leases)
+                  dir_lock=dir_lock, leases=leases, name_snapshots=shared_names)
 
 
 def _max_open(s: Settings) -> int:
@@ -173,13 +179,15 @@ def _max_open(s: Settings) -> int:
 
 
 def name_vectors(s: Settings, graph: GraphStore, model: str,
-                 embed: Callable[[Sequence[str]], list[list[float]]]) -> NameVectors:
+                 embed: Callable[[Sequence[str]], list[list[float]]], *,
+                 shared: NameSnapshots | None = None) -> NameVectors:
     """The name vectors of the graph's topic signal (see :mod:`hybridmem.graph.name_vectors`): persisted
-    beside the user's other files when embedded; in memory only with a Chroma server."""
+    beside the user's other files when embedded; with a Chroma server in memory, and shared
+    through ``shared`` snapshots."""
     from hybridmem.graph.name_vectors import NameStore, NameVectors
 
     store = None if s.chroma_url else NameStore(s.data_dir, max_open=_max_open(s))
-    return NameVectors(graph, store, embed=embed, model=model)
+    return NameVectors(graph, store, embed=embed, model=model, shared=shared)
 
 
 def default_embedder(settings: Settings) -> Embedder:
@@ -419,7 +427,8 @@ def assemble(
                          graph=graph_store, history=history_log)
     names = None
     if s.graph_topic > 0 and s.graph_weight > 0:  # every graph write keeps the name vectors
-        names = name_vectors(s, stores.graph, embedder.name, embed)
+        names = name_vectors(s, stores.graph, embedder.name, embed,
+                             shared=stores.name_snapshots)
         stores = dataclasses.replace(stores, graph=NamedGraph(stores.graph, names))
     usage = UsageMeter()
     rules: list[Extractor] = []

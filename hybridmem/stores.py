@@ -12,9 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from hybridmem.config import Settings
-from hybridmem.protocols import (GraphStore, HistoryLog, Leases, LexicalIndex, Refreshable,
-                                 Settling,
-                                 VectorStore)
+from hybridmem.protocols import (GraphStore, HistoryLog, Leases, LexicalIndex, NameSnapshots,
+                                 Refreshable, Settling, VectorStore)
 from hybridmem.runtime.files import remove_tree, user_dir
 from hybridmem.runtime.locks import DataDirLock
 
@@ -35,6 +34,8 @@ class Stores:
     dir_lock: DataDirLock | None = None
     #: Server mode: the per-user write leases shared by every process (see hybridmem.replica.lease).
     leases: Leases | None = None
+    #: Server mode: where the graph's name vectors are shared (see hybridmem.replica.copies).
+    name_snapshots: NameSnapshots | None = None
 
     def drop_user(self, settings: Settings, user_id: str) -> None:
         """Erase everything of the user in every store, then the user's folder (the vector
@@ -58,7 +59,7 @@ class Stores:
     def settle(self, user_id: str) -> None:
         """The user's lease ends after its last write (server mode): the stores that keep state
         in the server for other processes store what the lease's writes owe it."""
-        for store in (self.lexical, self.vectors):
+        for store in (self.lexical, self.vectors, self.graph):
             if isinstance(store, Settling):
                 store.settle(user_id)
 

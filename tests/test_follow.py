@@ -22,7 +22,7 @@ from hybridmem.replica import lease as lease_module
 from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
 from hybridmem.replica.lease import NOTE, ChromaLeases
 from hybridmem.replica.lexical import TEXTS_TAIL, ChromaLexicalIndex
-from hybridmem.replica.records import ChromaRecordSnapshots
+from hybridmem.replica.copies import ChromaRecordSnapshots
 from hybridmem.runtime.locks import WriteLocks
 
 EMB = HashEmbedder(32)

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from hybridmem import Memory, Settings
+from hybridmem.errors import StorageError
 from hybridmem.runtime.files import user_dir
 from hybridmem.graph.name_vectors import FILE_NAME, NameVectors
 from hybridmem.offline import HashEmbedder
+from hybridmem.replica.copies import ChromaNameSnapshots
 
 TURNS = [
     "Melanie: I signed up for a pottery class at Acme Corp.",
@@ -215,6 +217,7 @@ def test_server_mode_another_process_nodes_get_vectors_in_the_background(
         user = "server-names"
         reader.search(user, "nothing yet")  # the reader has loaded the (empty) user
         writer.add_many(user, [{"text": t, "kind": "turn"} for t in TURNS])
+        ChromaNameSnapshots(writer._stores.vectors.client).drop(user)  # no shared vectors
         reader._stores.graph.refresh(user)
         reader_model.calls.clear()
         reader.search(user, QUERY)
@@ -240,3 +243,39 @@ def test_a_re_embed_with_a_new_model_recomputes_every_name_vector(tmp_path: Path
         mem.search("u", QUERY)
         assert model.calls == [[QUERY]]
         assert _topic(mem, "u", model) > 0.3
+
+
+def test_server_mode_processes_share_name_vectors_and_forgetting_drops_them(
+    tmp_path: Path, chroma_server: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a Chroma server a writer stores its name vectors as the user's name snapshot when its
+    lease ends; a fresh process reads them in the background and embeds no name at all. A
+    forgotten memory's nodes leave the snapshot with their vectors."""
+    writer_model, reader_model = Recording(), Recording()
+    user = "shared-names"
+    with Memory(Settings(data_dir=tmp_path / "a", chroma_url=chroma_server),
+                embedder=writer_model) as writer:
+        shared = ChromaNameSnapshots(writer._stores.vectors.client)
+        writer.search(user, "nothing yet")  # its first use of the user reads (no) snapshot
+        assert _names_of(writer, user).wait()
+        added = writer.add_many(user, [{"text": t, "kind": "turn"} for t in TURNS])
+        held = shared.read(user)
+        assert held is not None and "pottery class" in held.keys
+        with Memory(Settings(data_dir=tmp_path / "b", chroma_url=chroma_server),
+                    embedder=reader_model) as reader:
+            reader.search(user, QUERY)
+            assert _names_of(reader, user).wait()
+            assert _topic(reader, user, reader_model) > 0.3
+            assert reader_model.calls == [[QUERY]]  # no name embedded here
+        def unstored(*_: object) -> None:
+            raise StorageError("the server is away")
+
+        monkeypatch.setattr(ChromaNameSnapshots, "write", unstored)
+        writer.forget(user, added[0].id)  # the pottery class goes with its only memory
+        assert shared.read(user) is None  # dropped first, whatever the lease's end stores
+        monkeypatch.undo()
+        writer.add(user, "Caroline: the parade was loud.")
+        held = shared.read(user)
+        assert held is not None and "acme corp" in held.keys  # stored again, without it
+        assert "pottery class" not in {*held.keys, *held.names}
+        writer.forget(user)

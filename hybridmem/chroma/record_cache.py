@@ -82,7 +82,7 @@ class UserRecords:
     checked: float = 0.0
     #: On a shared Chroma server: records this process wrote since the copy was loaded or its
     #: last record snapshot was stored, and whether the server has a record snapshot, as this
-    #: process last knew (None: unknown); see hybridmem.replica.records.
+    #: process last knew (None: unknown); see hybridmem.replica.copies.
     since: int = 0
     snapshot: bool | None = None
 

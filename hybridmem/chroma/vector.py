@@ -74,7 +74,7 @@ SCHEMA_VERSION = 2
 T = TypeVar("T")
 #: A record snapshot is owed after this many records were written since the last one, and at
 #: least an eighth of the user's records (a load fetches that tail by id: ~0.1 ms a record of
-#: server time, against ~1 s for a rewrite at 10k memories; see hybridmem.replica.records).
+#: server time, against ~1 s for a rewrite at 10k memories; see hybridmem.replica.copies).
 RECORDS_TAIL = 1024
 RECORDS_SHARE = 8
 #: Ids per request when a load fetches what was written since the record snapshot.
@@ -227,7 +227,7 @@ class ChromaVectorStore:
         :mod:`hybridmem.chroma.follow`); this store's writes are noted in ``log``. With
         ``snapshots`` a copy is loaded from the user's record snapshot and what was noted
         since, and writers store one when their lease ends (see
-        :mod:`hybridmem.replica.records`)."""
+        :mod:`hybridmem.replica.copies`)."""
         self._follower = Follower(log, interval=interval)
         self._snapshots = snapshots
 

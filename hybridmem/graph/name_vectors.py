@@ -10,8 +10,10 @@ lazily in the search, a 10k-memory user's first search embedded 672 names (1.7 s
   did not prefetch: an import, a re-extraction);
 - **persisted** per user in ``users/<hash>/names.sqlite3`` (:class:`NameStore`: key, name, model,
   float16 vector), so a restarted process embeds nothing; with a Chroma server there is no local
-  file and no shared record: each process keeps its own in memory, made by its writes and, for
-  nodes another process's writes created, by the background filler;
+  file: each process keeps its own in memory, made by its writes, read from the user's shared
+  name snapshot (:mod:`hybridmem.replica.copies`; read by the background filler at the user's
+  first use, stored by a writer at its lease's end, :meth:`NameVectors.settle`) and, for nodes
+  neither has, by the background filler;
 - **never in a search**: a node without a vector (legacy data, another process's node, a crash
   between the graph write and this one) scores 0 and is queued for a background thread that
   embeds and stores it (:meth:`NameVectors.similar`). A vector is a function of the node's name
@@ -45,7 +47,8 @@ import numpy as np
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.sqlite.base import PerUserSqlite
 from hybridmem.models import Extraction, GraphEntity, GraphPath, GraphRelation
-from hybridmem.protocols import GraphStore, Pingable
+from hybridmem.errors import StorageError
+from hybridmem.protocols import GraphStore, NameSnapshot, NameSnapshots, Pingable
 
 __all__ = ["FILE_NAME", "FILL_BATCH", "FIRST_ROWS", "NAME_VECTORS", "NameStore", "NameVectors",
            "NamedGraph"]
@@ -58,6 +61,11 @@ NAME_VECTORS = 50_000
 FIRST_ROWS = 8
 #: Names the background filler embeds in one call.
 FILL_BATCH = 256
+#: A shared name snapshot is owed after this many vectors were made since the last one, and at
+#: least a quarter of the user's (a reader embeds what it lacks; a rewrite at 5k memories is
+#: ~2.4 MB of float16).
+SHARED_TAIL = 512
+SHARED_SHARE = 4
 #: Prefetched vectors waiting for the write that asked for them (a write that never commits
 #: leaves its own; the oldest go first).
 MAX_OFFERED = 4096
@@ -72,13 +80,18 @@ class _User:
     Written under NameVectors._guard; read without it (a reader takes ``matrix`` first, and an
     index past its end is a node without a vector)."""
 
-    __slots__ = ("index", "keys", "matrix", "names")
+    __slots__ = ("index", "keys", "matrix", "names", "shared", "since", "unread")
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
         self.keys: list[str | None] = []
         self.names: list[str] = []
         self.matrix: Matrix = np.zeros((0, 0), dtype=np.float32)
+        #: Server mode: whether the shared snapshot was not read yet, whether the server has
+        #: one as this process last knew (None: unknown), and vectors made since the last.
+        self.unread = False
+        self.shared: bool | None = None
+        self.since = 0
 
     def __len__(self) -> int:
         return len(self.index)
@@ -166,11 +179,12 @@ class NameVectors:
     """The name vectors of every user: loaded lazily, written by :class:`NamedGraph`, filled in
     the background when missing (see the module docstring). ``graph`` is the store the nodes
     live in (the inner store, not the :class:`NamedGraph`); ``store`` None keeps them in memory
-    only (server mode)."""
+    only (server mode), shared through ``shared`` snapshots when given."""
 
     def __init__(self, graph: GraphStore, store: NameStore | None, *, embed: Embed,
-                 model: str, budget: int = NAME_VECTORS) -> None:
-        self._graph, self._store = graph, store
+                 model: str, budget: int = NAME_VECTORS,
+                 shared: NameSnapshots | None = None) -> None:
+        self._graph, self._store, self._shared = graph, store, shared
         self._embed, self._model, self._budget = embed, model, max(1, budget)
         self._users: OrderedDict[str, _User] = OrderedDict()  # least recently used first
         self._size = 0
@@ -209,13 +223,14 @@ class NameVectors:
             matrix = np.frombuffer(b"".join(b for *_, b in good), dtype=np.float16)
             loaded.load([k for k, _, _ in good], [n for _, n, _ in good],
                         matrix.reshape(len(good), width).astype(np.float32))
-        if stale:
-            self._queue(user_id, stale)
+        loaded.unread = self._shared is not None
         with self._guard:
             mine = self._users.setdefault(user_id, loaded)
             if mine is loaded:
                 self._size += loaded.capacity
                 self._evict(user_id)
+        if mine is loaded and (stale or loaded.unread):  # the filler reads the snapshot first
+            self._queue(user_id, stale)
         return mine
 
     def _evict(self, keep: str) -> None:
@@ -336,7 +351,60 @@ class NameVectors:
             if mine is not None:
                 for k, n, v in rows:
                     self._size += mine.set(k, n, v)
+                mine.since += len(rows)
                 self._evict(user_id)
+
+    # -- server mode: the shared snapshot ----------------------------------------------------------
+    def _read_shared(self, user_id: str) -> None:
+        """Fill the user's rows from the shared snapshot, once (the background filler, before
+        it embeds anything of the user): vectors of the configured model only, and only for
+        nodes that have no vector of that name here. Under :attr:`held`, so no removal of a
+        node comes between the read and the filling."""
+        with self._guard:
+            mine = self._users.get(user_id)
+        if self._shared is None or mine is None or not mine.unread:
+            return
+        with self.held.hold(user_id):
+            got = self._shared.read(user_id)
+            if got is not None and got.model == self._model:
+                matrix = np.frombuffer(got.vectors, dtype=np.float16).reshape(
+                    len(got.keys), got.width)
+            with self._guard:
+                mine.unread, mine.shared = False, got is not None
+                if got is None or got.model != self._model:
+                    return
+                for n, (key, name) in enumerate(zip(got.keys, got.names, strict=True)):
+                    if mine.row(key, name) is None:
+                        self._size += mine.set(key, name, matrix[n])
+                self._evict(user_id)
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends (server mode): store this process's vectors of the user as the
+        shared snapshot if one is owed — when the server has none this process knows of, or
+        enough were made since the last — and the snapshot was read first (so it never replaces
+        a fuller one). A failure is logged, never raised (see
+        :class:`~hybridmem.protocols.Settling`)."""
+        if self._shared is None:
+            return
+        with self.held.hold(user_id):
+            with self._guard:
+                mine = self._users.get(user_id)
+                if mine is None or mine.unread or not (mine.shared is False or mine.since >= max(
+                        SHARED_TAIL, len(mine) // SHARED_SHARE)):
+                    return
+                rows = [(k, i) for k, i in mine.index.items() if i < mine.matrix.shape[0]]
+                made = NameSnapshot(
+                    model=self._model, width=int(mine.matrix.shape[1]),
+                    keys=[k for k, _ in rows], names=[mine.names[i] for _, i in rows],
+                    vectors=mine.matrix[[i for _, i in rows]].astype(np.float16).tobytes())
+                since, mine.since = mine.since, 0
+            try:
+                self._shared.write(user_id, made)
+                mine.shared = True
+            except StorageError as exc:
+                mine.since += since
+                log.warning("name snapshot not stored (%s); other processes embed the names",
+                            exc)
 
     def complete(self, user_id: str) -> None:
         """Make the rows match the user's nodes now (after an import replaced the graph, a
@@ -354,8 +422,12 @@ class NameVectors:
             return
         if self._store is not None:
             self._store.delete(user_id, keys)
+        if self._shared is not None:  # it may hold their names: gone before them
+            self._shared.drop(user_id)
         with self._guard:
             mine = self._users.get(user_id)
+            if mine is not None:
+                mine.shared = False
             for k in keys:
                 if mine is not None:
                     mine.remove(k)  # its row stays allocated (and counted), zeroed
@@ -373,6 +445,8 @@ class NameVectors:
                 del self._offered[key]
         if self._store is not None:
             self._store.drop_user(user_id)
+        if self._shared is not None:
+            self._shared.drop(user_id)
 
     # -- the background filler ---------------------------------------------------------------------
     def _queue(self, user_id: str, missing: Mapping[str, str]) -> None:
@@ -402,6 +476,7 @@ class NameVectors:
                     del self._pending[user_id]
                 self._active += 1
             try:
+                self._read_shared(user_id)
                 self._fill_checked(user_id, batch)
             except Exception as exc:  # a hint for ranking: never let it break anything
                 log.warning("filling %d name vectors failed (%s); they are retried when a "
@@ -411,8 +486,15 @@ class NameVectors:
                     self._active -= 1
 
     def _fill_checked(self, user_id: str, batch: Mapping[str, str]) -> None:
-        """Embed the batch, then store the vectors of the nodes that still exist under those
-        names (holding the user's :attr:`held`, so no removal can come in between)."""
+        """Embed the batch (what has no vector yet), then store the vectors of the nodes that
+        still exist under those names (holding the user's :attr:`held`, so no removal can come
+        in between)."""
+        with self._guard:
+            mine = self._users.get(user_id)
+        if mine is not None:
+            batch = {k: n for k, n in batch.items() if mine.row(k, n) is None}
+        if not batch:
+            return
         vectors = dict(zip(batch, _unit(self._embed(list(batch.values()))), strict=True))
         with self.held.hold(user_id):
             with self._guard:
@@ -494,6 +576,11 @@ class NamedGraph:
             gone = set(doomed)
             self.names.discard(user_id, [k for k in keys if k not in gone and (
                 (e := self.inner.entity(user_id, k)) is None or e.key != k)])
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends (server mode): the name vectors store what they owe the
+        server (see :meth:`NameVectors.settle`)."""
+        self.names.settle(user_id)
 
     def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:
         with self.names.held.hold(user_id):

@@ -27,7 +27,12 @@ keys never touches the other's records: Chroma's ``$ne`` matches a record withou
   (``records``, ``rpart``, ``data``) and the head ``records`` (``records``, ``rparts``, ``count``,
   ``codec``, ``ts``). Its payload is one JSON object: the format, the lease it was written under,
   and every record of the user's vector store (ids, documents, stored metadata), as the writer's
-  record copy held them (see :mod:`hybridmem.replica.records`).
+  record copy held them (see :mod:`hybridmem.replica.copies`).
+- the *name snapshot* (:func:`write_names`, :func:`read_names`): parts ``names.<snap>.<n>``
+  (``names``, ``npart``, ``data``) and the head ``names`` (``names``, ``nparts``, ``count``,
+  ``codec``, ``ts``). Its payload is one JSON line (the format, the embedder's name, the width,
+  the node keys and the names their vectors were made from), a newline, then the vectors as
+  float16, row after row (see :mod:`hybridmem.replica.copies`).
 
 A payload is compressed with zlib, base64-encoded (:data:`CODEC`) and cut into pieces of at
 most :data:`PART_CHARS` characters, each in its part's *metadata* value ``data``. Why metadata
@@ -73,10 +78,11 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["CODEC", "HEAD", "PART_CHARS", "RECORDS_FORMAT", "RECORDS_HEAD", "SCHEMA",
-           "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot", "Texts", "collection_meta", "drop_records",
-           "drop_texts", "due", "new_id", "read", "read_records", "read_texts", "texts_head",
-           "write", "write_records", "write_texts"]
+__all__ = ["CODEC", "HEAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS", "RECORDS_FORMAT",
+           "RECORDS_HEAD", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot", "Texts",
+           "collection_meta", "drop_names", "drop_records", "drop_texts", "due", "new_id", "read",
+           "read_names", "read_records", "read_texts", "texts_head", "write", "write_names",
+           "write_records", "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
@@ -91,6 +97,10 @@ TEXTS_FORMAT = 2
 RECORDS_HEAD = "records"
 #: The record snapshot's payload format (a reader ignores others).
 RECORDS_FORMAT = 1
+#: The id of the record naming the current name snapshot.
+NAMES_HEAD = "names"
+#: The name snapshot's payload format (a reader ignores others).
+NAMES_FORMAT = 1
 #: Characters per part: a bounded request, and far below any document limit of the server.
 PART_CHARS = 1 << 20
 #: Parts per ``upsert`` request.
@@ -121,6 +131,7 @@ _GRAPH = _Kind(head=HEAD, key="snap", part="part", parts="parts", prefix="")
 _TEXTS = _Kind(head=TEXTS_HEAD, key="lexical", part="lpart", parts="lparts", prefix="lexical.")
 _RECORDS = _Kind(head=RECORDS_HEAD, key="records", part="rpart", parts="rparts",
                  prefix="records.")
+_NAMES = _Kind(head=NAMES_HEAD, key="names", part="npart", parts="nparts", prefix="names.")
 
 
 @dataclass(frozen=True)
@@ -268,9 +279,47 @@ def read_records(collection: Collection) -> tuple[
 
 
 def drop_records(collection: Collection) -> None:
-    """Delete the record snapshot: the head first, so no reader starts on parts being deleted."""
-    collection.delete(ids=[RECORDS_HEAD])
-    collection.delete(where=_these(_RECORDS, {"$gte": 0}))
+    """Delete the record snapshot (see :func:`_drop`)."""
+    _drop(collection, _RECORDS)
+
+
+def write_names(collection: Collection, snap: str, model: str, width: int, keys: Sequence[str],
+                names: Sequence[str], vectors: bytes) -> None:
+    """Store name snapshot ``snap``: node ``keys``, the ``names`` their vectors were made from,
+    and the vectors (``width`` float16 components each, in ``keys`` order) made by ``model``.
+    Parts first, then the head, then other name snapshots' parts go, as :func:`write` does."""
+    head = {"v": NAMES_FORMAT, "model": model, "width": width, "keys": list(keys),
+            "names": list(names)}
+    payload = json.dumps(head, ensure_ascii=False).encode("utf-8") + b"\n" + vectors
+    _put(collection, _NAMES, snap, payload, {"count": len(keys)})
+
+
+def read_names(collection: Collection) -> tuple[str, int, list[str], list[str], bytes] | None:
+    """(model, width, keys, names, float16 vectors) of the current name snapshot, or None when
+    there is none or it cannot be trusted (another format, or vectors of another size)."""
+    got = _get(collection, _NAMES)
+    if got is None:
+        return None
+    snap, payload = got
+    first, _, vectors = payload.partition(b"\n")
+    try:
+        head = json.loads(first)
+        version, model, width = head["v"], head["model"], head["width"]
+        keys, names = head["keys"], head["names"]
+    except (ValueError, TypeError, KeyError):
+        version = model = width = keys = names = None
+    if not (version == NAMES_FORMAT and isinstance(model, str) and type(width) is int
+            and width > 0 and isinstance(keys, list) and isinstance(names, list)
+            and len(keys) == len(names) and all(isinstance(x, str) for x in (*keys, *names))
+            and len(vectors) == 2 * width * len(keys)):
+        log.warning("ignoring name snapshot %s: it does not parse", snap)
+        return None
+    return model, width, keys, names, vectors
+
+
+def drop_names(collection: Collection) -> None:
+    """Delete the name snapshot (see :func:`_drop`)."""
+    _drop(collection, _NAMES)
 
 
 def _lease(at: object) -> bool:
@@ -288,9 +337,14 @@ def texts_head(collection: Collection) -> str | None:
 
 
 def drop_texts(collection: Collection) -> None:
-    """Delete the text snapshot: the head first, so no reader starts on parts being deleted."""
-    collection.delete(ids=[TEXTS_HEAD])
-    collection.delete(where=_these(_TEXTS, {"$gte": 0}))
+    """Delete the text snapshot (see :func:`_drop`)."""
+    _drop(collection, _TEXTS)
+
+
+def _drop(collection: Collection, kind: _Kind) -> None:
+    """Delete ``kind``'s snapshot: the head first, so no reader starts on parts being deleted."""
+    collection.delete(ids=[kind.head])
+    collection.delete(where=_these(kind, {"$gte": 0}))
 
 
 def _these(kind: _Kind, cond: dict[_Op, str | int | float | bool],
