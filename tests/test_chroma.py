@@ -121,6 +121,31 @@ def test_created_collections_sync_as_configured_and_existing_ones_keep_their_con
     assert again.configuration_json["hnsw"]["sync_threshold"] == 300
 
 
+def test_snapshot_collections_persist_every_two_records_so_old_snapshots_leave_the_log(
+    chroma_server: str, unique_user: str
+) -> None:
+    """A user's snapshot collection, made now or by an earlier release (every 1,000), persists
+    every 2 records: Chroma then drops superseded snapshots from its log at once, instead of
+    keeping every one (and the texts they held) until 1,000 records were written."""
+    import chromadb
+
+    from hybridmem.replica import snapshot
+
+    host, port = chroma_server.removeprefix("http://").split(":")
+    client = chromadb.HttpClient(host=host, port=int(port))
+    meta = snapshot.collection_meta(unique_user)
+    made = _chroma.create_collection(client, _chroma.collection_name(unique_user, "snapshot"),
+                                     meta)
+    assert made.configuration_json["hnsw"]["sync_threshold"] == _chroma.SIDE_SYNC_THRESHOLD
+    old_name = _chroma.collection_name(unique_user + "-old", "snapshot")
+    client.create_collection(old_name, embedding_function=None, metadata=dict(meta),
+                             configuration={"hnsw": {"space": "cosine", "sync_threshold": 1000}})
+    _chroma.create_collection(client, old_name, meta)  # a write's open adopts the threshold
+    again = client.get_collection(old_name)
+    assert again.configuration_json["hnsw"]["sync_threshold"] == _chroma.SIDE_SYNC_THRESHOLD
+    assert _chroma.sync_threshold(client, {"kind": "hybridmem-graph"}) == 1000
+
+
 def test_collections_of_earlier_releases_adopt_the_embedded_sync_threshold(
     mode: dict[str, Any], unique_user: str
 ) -> None:

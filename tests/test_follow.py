@@ -14,6 +14,7 @@ from chromadb.api.models.Collection import Collection
 
 from hybridmem import Memory, Settings
 from hybridmem.chroma.client import COLLECTION_PREFIXES, collection_name, is_memories_name
+from hybridmem.chroma import vector as vector_module
 from hybridmem.chroma.vector import ChromaVectorStore
 from hybridmem.filters import eq
 from hybridmem.models import MemoryItem
@@ -388,6 +389,7 @@ def test_a_copy_loads_from_the_record_snapshot_and_what_leases_noted_since(
     process's copy then loads from it and reads by id only what later leases noted — no
     listing — and equals the copy a full read makes. Deleting or rewriting a text deletes the
     snapshot first: none holds a forgotten text, and the next load reads every record."""
+    monkeypatch.setattr(vector_module, "RECORDS_MIN", 1)  # a snapshot of a few records too
     u = unique_user
     a = process(snapshots=True)
     a.everything(u)  # a's copy is loaded (empty): it knows of no snapshot, so owes one
@@ -406,11 +408,9 @@ def test_a_copy_loads_from_the_record_snapshot_and_what_leases_noted_since(
             return real(self, *args, **kwargs)
 
         fresh = process(snapshots=True)
-        monkeypatch.setattr(Collection, "get", noted)
-        try:
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(Collection, "get", noted)
             return fresh.everything(u), calls
-        finally:
-            monkeypatch.undo()
 
     full = process().everything(u)  # without snapshots: every record read
     assert full == a.everything(u) and full[1].importance == 0.9 and not full[2].is_current
@@ -427,9 +427,9 @@ def test_a_copy_loads_from_the_record_snapshot_and_what_leases_noted_since(
         dropped.append(user)
         real_drop(self, user)
 
-    monkeypatch.setattr(ChromaRecordSnapshots, "drop", drop)
-    a.delete(u, ["m3"])  # a forgotten text: the snapshot goes first, a new one at the release
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(ChromaRecordSnapshots, "drop", drop)
+        a.delete(u, ["m3"])  # a forgotten text: the snapshot goes first, a new one at the release
     held = snaps.read(u)
     assert dropped == [u] and held is not None and held.rows.keys() == {
         i.id for i in a.everything(u)} and "m3" not in held.rows

@@ -13,6 +13,7 @@ import pytest
 from hybridmem import Memory, Settings
 from hybridmem.errors import StorageError
 from hybridmem.runtime.files import user_dir
+from hybridmem.graph import name_vectors
 from hybridmem.graph.name_vectors import FILE_NAME, NameVectors
 from hybridmem.offline import HashEmbedder
 from hybridmem.replica.copies import ChromaNameSnapshots
@@ -251,6 +252,7 @@ def test_server_mode_processes_share_name_vectors_and_forgetting_drops_them(
     """With a Chroma server a writer stores its name vectors as the user's name snapshot when its
     lease ends; a fresh process reads them in the background and embeds no name at all. A
     forgotten memory's nodes leave the snapshot with their vectors."""
+    monkeypatch.setattr(name_vectors, "SHARED_MIN", 1)  # a snapshot of a few names too
     writer_model, reader_model = Recording(), Recording()
     user = "shared-names"
     with Memory(Settings(data_dir=tmp_path / "a", chroma_url=chroma_server),
@@ -270,10 +272,10 @@ def test_server_mode_processes_share_name_vectors_and_forgetting_drops_them(
         def unstored(*_: object) -> None:
             raise StorageError("the server is away")
 
-        monkeypatch.setattr(ChromaNameSnapshots, "write", unstored)
-        writer.forget(user, added[0].id)  # the pottery class goes with its only memory
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(ChromaNameSnapshots, "write", unstored)
+            writer.forget(user, added[0].id)  # the pottery class goes with its only memory
         assert shared.read(user) is None  # dropped first, whatever the lease's end stores
-        monkeypatch.undo()
         writer.add(user, "Caroline: the parade was loud.")
         held = shared.read(user)
         assert held is not None and "acme corp" in held.keys  # stored again, without it

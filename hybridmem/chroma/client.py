@@ -204,7 +204,7 @@ EMBEDDED_SYNC_THRESHOLD = 200
 #: ms, 11 MB), and the log holds no superseded snapshot for long.
 SIDE_SYNC_THRESHOLD = 2
 #: The ``kind`` metadata of the collections of that kind (a user's snapshots, lease).
-REWRITTEN = ("hybridmem-graph-snapshot", "hybridmem-lease")
+REWRITTEN = ("hybridmem-graph-snapshot",)
 
 
 def sync_threshold(client: ClientAPI, metadata: CollectionMeta | None = None) -> int:

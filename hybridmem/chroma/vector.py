@@ -77,6 +77,8 @@ T = TypeVar("T")
 #: server time, against ~1 s for a rewrite at 10k memories; see hybridmem.replica.copies).
 RECORDS_TAIL = 1024
 RECORDS_SHARE = 8
+#: No record snapshot is stored for a user of fewer records: reading them all costs less.
+RECORDS_MIN = 1024
 #: Ids per request when a load fetches what was written since the record snapshot.
 TAIL_CHUNK = 2000
 #: How many more neighbours a filtered query fetches before filtering them itself.
@@ -235,13 +237,15 @@ class ChromaVectorStore:
         """The user's lease ends after its last write: store a record snapshot of this process's
         copy if one is owed (see :class:`~hybridmem.protocols.Settling`): when the server has
         none this process knows of, or enough was written since the last. A process without
-        the user's copy in memory stores none. A failure is logged, never raised."""
+        the user's copy in memory stores none, nor one with fewer than :data:`RECORDS_MIN`
+        records. A failure is logged, never raised."""
         follower, snapshots = self._follower, self._snapshots
         if follower is None or snapshots is None or self._records is None:
             return
         records = self._records.get(user_id)
-        if records is None or not (records.snapshot is False or records.since >= max(
-                RECORDS_TAIL, len(records) // RECORDS_SHARE)):
+        if records is None or len(records) < RECORDS_MIN or not (
+                records.snapshot is False
+                or records.since >= max(RECORDS_TAIL, len(records) // RECORDS_SHARE)):
             return
         held = follower.log.holding(user_id)
         since = 0
@@ -356,8 +360,10 @@ class ChromaVectorStore:
         hold (a failure fails the write: no copy of the text may outlive it)."""
         if self._snapshots is None:
             return
-        self._snapshots.drop(user_id)
         cached = self._records.get(user_id) if self._records is not None else None
+        if cached is not None and len(cached) < RECORDS_MIN and not cached.snapshot:
+            return  # none is stored below that size, and every deletion since one was dropped it
+        self._snapshots.drop(user_id)
         if cached is not None:
             cached.snapshot = False
 

@@ -342,9 +342,15 @@ def drop_texts(collection: Collection) -> None:
 
 
 def _drop(collection: Collection, kind: _Kind) -> None:
-    """Delete ``kind``'s snapshot: the head first, so no reader starts on parts being deleted."""
-    collection.delete(ids=[kind.head])
-    collection.delete(where=_these(kind, {"$gte": 0}))
+    """Delete ``kind``'s snapshot, its head and every part (those of a write cut short
+    included), in one request: a reader sees all of it or none."""
+    collection.delete(where=_every(kind))
+
+
+def _every(kind: _Kind) -> Where:
+    """Chroma's filter for ``kind``'s head and parts (the other kinds' records not)."""
+    some: dict[_Op, str | int | float | bool] = {"$gte": 0}
+    return {"$or": [{kind.part: some}, {kind.parts: some}]}
 
 
 def _these(kind: _Kind, cond: dict[_Op, str | int | float | bool],
@@ -383,9 +389,7 @@ def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
 def _get(collection: Collection, kind: _Kind) -> tuple[str, bytes] | None:
     """(snapshot id, payload) of ``kind``'s current snapshot: one ``get`` of its head and parts
     (the other kind's records stay on the server); None when there is none or it is unusable."""
-    some: dict[_Op, str | int | float | bool] = {"$gte": 0}
-    both: Where = {"$or": [{kind.part: some}, {kind.parts: some}]}
-    got = collection.get(where=both, include=["metadatas"])
+    got = collection.get(where=_every(kind), include=["metadatas"])
     records = {i: dict(m or {}) for i, m in zip(got["ids"], got["metadatas"] or [])}
     head = records.get(kind.head)
     if head is None:
