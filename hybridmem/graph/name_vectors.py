@@ -66,7 +66,7 @@ FILL_BATCH = 256
 #: ~2.4 MB of float16).
 SHARED_TAIL = 512
 SHARED_SHARE = 4
-#: No name snapshot is stored for a user with fewer vectors: a reader embeds them in ~0.3 s.
+#: No name snapshot is stored for fewer nodes: a reader embeds that many names in ~0.3 s.
 SHARED_MIN = 256
 #: Prefetched vectors waiting for the write that asked for them (a write that never commits
 #: leaves its own; the oldest go first).
@@ -384,7 +384,8 @@ class NameVectors:
         """The user's lease ends (server mode): store this process's vectors of the user as the
         shared snapshot if one is owed — when the server has none this process knows of, or
         enough were made since the last — and the snapshot was read first (so it never replaces
-        a fuller one); none for fewer than :data:`SHARED_MIN` vectors. A failure is logged, never raised (see
+        a fuller one): the vectors of the graph's current nodes, none for fewer than
+        :data:`SHARED_MIN`. A failure is logged, never raised (see
         :class:`~hybridmem.protocols.Settling`)."""
         if self._shared is None:
             return
@@ -395,7 +396,16 @@ class NameVectors:
                         mine.shared is False
                         or mine.since >= max(SHARED_TAIL, len(mine) // SHARED_SHARE)):
                     return
-                rows = [(k, i) for k, i in mine.index.items() if i < mine.matrix.shape[0]]
+                held = [(k, i, mine.names[i]) for k, i in mine.index.items()
+                        if i < mine.matrix.shape[0]]
+            # only the nodes the graph has now under those names: this process may still hold
+            # vectors of nodes another process removed (and whose snapshot it dropped)
+            rows = [(k, i) for k, i, name in held
+                    if (e := self._graph.entity(user_id, k)) is not None and e.key == k
+                    and e.name == name]
+            if len(rows) < SHARED_MIN:
+                return
+            with self._guard:
                 made = NameSnapshot(
                     model=self._model, width=int(mine.matrix.shape[1]),
                     keys=[k for k, _ in rows], names=[mine.names[i] for _, i in rows],
@@ -425,8 +435,8 @@ class NameVectors:
             return
         if self._store is not None:
             self._store.delete(user_id, keys)
-        if self._shared is not None:  # it may hold their names: gone before them
-            self._shared.drop(user_id)
+        if self._shared is not None and self._may_share(user_id, len(keys)):
+            self._shared.drop(user_id)  # it may hold their names: gone before them
         with self._guard:
             mine = self._users.get(user_id)
             if mine is not None:
@@ -437,6 +447,17 @@ class NameVectors:
             pending = self._pending.get(user_id, {})
             for k in keys:
                 pending.pop(k, None)
+
+    def _may_share(self, user_id: str, going: int) -> bool:
+        """Whether the server may hold a name snapshot of the user now that ``going`` nodes are
+        being removed: none is stored for fewer than :data:`SHARED_MIN` nodes, and every removal
+        since one was stored deleted it, so a graph of fewer nodes (with those counted, in case
+        they are gone already) has none. Counted only for a graph that small."""
+        with self._guard:
+            mine = self._users.get(user_id)
+            if mine is not None and len(mine) >= SHARED_MIN:
+                return True
+        return len(self._graph.entities(user_id)) + going >= SHARED_MIN
 
     def drop_user(self, user_id: str) -> None:
         """Forget everything of the user (its file included)."""
