@@ -192,3 +192,27 @@ def test_a_writer_killed_mid_snapshot_leaves_a_loadable_state(
         assert len(state(loaded, unique_user).record_ids) == len(
             state(replayed, unique_user).record_ids)
         loaded.close(), replayed.close()
+
+
+def test_record_and_name_snapshots_read_back_and_a_malformed_one_is_refused(
+    chroma_server: str, unique_user: str
+) -> None:
+    """A record snapshot and a name snapshot read back as written; one whose payload is not what
+    its writer makes (a nested metadata value, vectors of another size) is refused, and a drop
+    leaves neither, nor the other kinds' records touched."""
+    client = _chroma.make_client(url=chroma_server)
+    col = _chroma.create_collection(client, _chroma.collection_name(unique_user, "snapshot"),
+                                    snapshot.collection_meta(unique_user))
+    rows = {"m1": ("Alice bought a kettle", {"kind": "fact", "importance": 0.5, "current": True}),
+            "m2": ("Bob paid", {"kind": "turn", "access_count": 3})}
+    snapshot.write_records(col, "r1", rows, (4, "owner", True))
+    snapshot.write_names(col, "n1", "hash-4", 4, ["alice"], ["Alice"], b"\x00\x3c" * 4)
+    assert snapshot.read_records(col) == ("r1", rows, (4, "owner", True))
+    assert snapshot.read_names(col) == ("hash-4", 4, ["alice"], ["Alice"], b"\x00\x3c" * 4)
+    snapshot.write_records(col, "r2", {"m1": ("x", {"nested": {"a": 1}})}, None)
+    snapshot.write_names(col, "n2", "hash-4", 4, ["alice"], ["Alice"], b"\x00" * 6)
+    assert snapshot.read_records(col) is None and snapshot.read_names(col) is None
+    snapshot.drop_records(col)
+    assert snapshot.read_names(col) is None and col.count() == 2  # the name snapshot's own
+    snapshot.drop_names(col)
+    assert col.count() == 0

@@ -177,15 +177,10 @@ def write(collection: Collection, snap: str, covers: Sequence[str], graph: bytes
 
 def read(collection: Collection) -> Snapshot | None:
     """The current snapshot, or None when there is none or it cannot be trusted (see module)."""
-    got = _get(collection, _GRAPH)
+    got = _headed(collection, _GRAPH)
     if got is None:
         return None
-    snap, payload = got
-    first, _, graph = payload.partition(b"\n")
-    try:
-        head = json.loads(first)
-    except ValueError:
-        head = None
+    snap, head, graph = got
     if isinstance(head, list):  # as an older release wrote it: the records only
         head = {"covers": head, "at": None}
     covers, at = (head.get("covers"), head.get("at")) if isinstance(head, dict) else (None, None)
@@ -211,17 +206,10 @@ def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
 def read_texts(collection: Collection) -> Texts | None:
     """The current text snapshot, or None when there is none or it cannot be trusted (one of
     another format included: the caller then fetches every document)."""
-    got = _get(collection, _TEXTS)
+    got = _fields(collection, _TEXTS, ("v", "ids", "hashes", "at"))
     if got is None:
         return None
-    snap, payload = got
-    first, _, index = payload.partition(b"\n")
-    try:
-        head = json.loads(first)
-        ids, hashes, at = head["ids"], head["hashes"], head["at"]
-        version = head.get("v")
-    except (ValueError, TypeError, KeyError, AttributeError):
-        ids = hashes = at = version = None
+    snap, (version, ids, hashes, at), index = got
     if not (version == TEXTS_FORMAT and isinstance(ids, list) and isinstance(hashes, list)
             and len(ids) == len(hashes) and all(isinstance(x, str) for x in (*ids, *hashes))
             and _lease(at) and index):
@@ -256,16 +244,10 @@ def read_records(collection: Collection) -> tuple[
     """(snapshot id, id -> (document, metadata), lease) of the current record snapshot, or None
     when there is none or it cannot be trusted: of another format, or a value that is not what
     Chroma stores (a string, number or boolean per metadata key)."""
-    got = _get(collection, _RECORDS)
+    got = _fields(collection, _RECORDS, ("v", "at", "ids", "docs", "metas"))
     if got is None:
         return None
-    snap, payload = got
-    try:
-        body = json.loads(payload)
-        version, at = body["v"], body["at"]
-        ids, docs, metas = body["ids"], body["docs"], body["metas"]
-    except (ValueError, TypeError, KeyError):
-        version = at = ids = docs = metas = None
+    snap, (version, at, ids, docs, metas), _ = got
     if not (version == RECORDS_FORMAT and _lease(at) and isinstance(ids, list)
             and isinstance(docs, list) and isinstance(metas, list)
             and len(ids) == len(docs) == len(metas)
@@ -297,17 +279,10 @@ def write_names(collection: Collection, snap: str, model: str, width: int, keys:
 def read_names(collection: Collection) -> tuple[str, int, list[str], list[str], bytes] | None:
     """(model, width, keys, names, float16 vectors) of the current name snapshot, or None when
     there is none or it cannot be trusted (another format, or vectors of another size)."""
-    got = _get(collection, _NAMES)
+    got = _fields(collection, _NAMES, ("v", "model", "width", "keys", "names"))
     if got is None:
         return None
-    snap, payload = got
-    first, _, vectors = payload.partition(b"\n")
-    try:
-        head = json.loads(first)
-        version, model, width = head["v"], head["model"], head["width"]
-        keys, names = head["keys"], head["names"]
-    except (ValueError, TypeError, KeyError):
-        version = model = width = keys = names = None
+    snap, (version, model, width, keys, names), vectors = got
     if not (version == NAMES_FORMAT and isinstance(model, str) and type(width) is int
             and width > 0 and isinstance(keys, list) and isinstance(names, list)
             and len(keys) == len(names) and all(isinstance(x, str) for x in (*keys, *names))
@@ -320,6 +295,33 @@ def read_names(collection: Collection) -> tuple[str, int, list[str], list[str], 
 def drop_names(collection: Collection) -> None:
     """Delete the name snapshot (see :func:`_drop`)."""
     _drop(collection, _NAMES)
+
+
+def _headed(collection: Collection, kind: _Kind) -> tuple[str, Any, bytes] | None:
+    """(snapshot id, its payload's first line as JSON — None when it does not parse — and the
+    bytes after that line) of ``kind``'s current snapshot; None when there is none."""
+    got = _get(collection, kind)
+    if got is None:
+        return None
+    snap, payload = got
+    first, _, rest = payload.partition(b"\n")
+    try:
+        return snap, json.loads(first), rest
+    except ValueError:
+        return snap, None, rest
+
+
+def _fields(collection: Collection, kind: _Kind, names: Sequence[str],
+            ) -> tuple[str, list[Any], bytes] | None:
+    """As :func:`_headed`, with the first line's values of ``names`` (all None when it is not
+    an object that has each of them: the caller's checks then refuse it)."""
+    got = _headed(collection, kind)
+    if got is None:
+        return None
+    snap, head, rest = got
+    if not isinstance(head, dict) or any(n not in head for n in names):
+        return snap, [None] * len(names), rest
+    return snap, [head[n] for n in names], rest
 
 
 def _lease(at: object) -> bool:
