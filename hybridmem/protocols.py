@@ -508,7 +508,7 @@ class RecordSnapshot:
     stored metadata)), and the lease it was taken under: (slot number, owner token, whether
     after the lease's last write), as :func:`hybridmem.chroma.follow.written_since` reads it."""
 
-    rows: dict[str, tuple[str, Mapping[str, Any]]]
+    rows: Mapping[str, tuple[str, Mapping[str, Any]]]
     at: tuple[int, str, bool] | None
 
 

@@ -68,7 +68,7 @@ class ChromaRecordSnapshots(_Snapshots):
 
     def read(self, user_id: str) -> RecordSnapshot | None:
         got = self._run(user_id, "read the record snapshot", snapshot.read_records)
-        return None if got is None else RecordSnapshot(rows=dict(got[1]), at=got[2])
+        return None if got is None else RecordSnapshot(rows=got[1], at=got[2])
 
     def write(self, user_id: str, made: RecordSnapshot) -> None:
         snap = snapshot.new_id()
