@@ -617,8 +617,9 @@ class Memory:
         floor = self._min_score(min_score)
         when = validate_as_of(as_of)
         warmed = self._retriever.warm(user_id, query)  # the graph loads meanwhile
+        # about now, every section below shows current memories only: so the question is
         has_facts, has_episodes, has_procedures = self._extras.of(
-            user_id, pool=self._retriever.pool())
+            user_id, current=when is None, pool=self._retriever.pool())
         # one gathering feeds every section: the memories, then summaries and procedures
         sections = [(limit, memory_filter(where, category=category,
                                           current_only=not include_superseded, as_of=when))]

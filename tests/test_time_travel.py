@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from hybridmem import InvalidInputError, Memory, Settings
+from hybridmem import Context, InvalidInputError, Memory, Settings
 from hybridmem.offline import LocalEmbedder
+from hybridmem.read.access import Extras
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = ("alice_martin", "client_123", "client_456")
@@ -84,6 +85,27 @@ def test_facts_as_of_and_naive_times_are_utc(mem: Memory, unique_user: str) -> N
     both = mem.search(unique_user, "which plan?", as_of=datetime.now(timezone.utc),
                       include_superseded=True)
     assert sorted(h.item.text for h in both) == ["plan: gold", "plan: silver"]
+
+
+def test_context_asks_about_current_facts_now_and_every_fact_as_of(
+        mem: Memory, unique_user: str) -> None:
+    """A context about now shows current key facts only, and asks only about those; one as_of
+    a past time asks about every fact, so a value superseded since is shown there."""
+    mem.remember(unique_user, "plan", "silver")
+    between = datetime.now(timezone.utc)
+    gold = mem.remember(unique_user, "plan", "gold")
+    mem.forget(unique_user, gold.id)  # silver stays superseded: no current value is left
+    assert mem.facts(unique_user) == []
+
+    def facts(ctx: Context) -> list[str]:
+        return [line.text for line in ctx.lines if line.section == "facts"]
+
+    assert facts(mem.context(unique_user, "which plan?")) == []
+    assert any("plan: silver" in t for t in facts(mem.context(unique_user, "which plan?",
+                                                             as_of=between)))
+    extras = Extras(mem._stores)  # what each kind of context asks: (facts, episodes, procedures)
+    assert extras.of(unique_user, current=True) == (False, False, False)
+    assert extras.of(unique_user, current=False) == (True, False, False)
 
 
 def test_as_of_must_be_a_time(mem: Memory) -> None:

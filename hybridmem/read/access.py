@@ -35,7 +35,7 @@ from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any
 
-from hybridmem.filters import Filter, eq
+from hybridmem.filters import Filter, all_of, eq
 from hybridmem.models import MemoryItem
 from hybridmem.stores import Stores
 
@@ -203,25 +203,36 @@ class Extras:
     """Whether a user has key facts / summary episodes / procedures, for context(). Each answer
     costs the vector store a metadata scan, so it is cached for :data:`EXTRAS_TTL` seconds (this
     process's own writes refresh it at once; another process's new fact or episode shows within
-    the TTL)."""
+    the TTL).
+
+    A context about now shows current ones only, so it asks about current ones only
+    (``current``): on a Chroma server those live in the user's main collection, and a question
+    that also covers the archive is a second round trip per scan (two, when the user has no
+    archive: asking for a missing collection is one). A context ``as_of`` a past time asks
+    about all of them. Both answers are cached."""
 
     def __init__(self, stores: Stores) -> None:
         self._stores = stores
-        self._cache: OrderedDict[str, tuple[float, bool, bool, bool]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, bool], tuple[float, bool, bool, bool]] = \
+            OrderedDict()
         self._guard = threading.Lock()
 
-    def of(self, user_id: str, *, pool: Executor | None = None) -> tuple[bool, bool, bool]:
-        """(has key facts, has summary episodes, has procedures). With ``pool`` the three
-        questions are asked at once: on a Chroma server each is a round trip or two."""
+    def of(self, user_id: str, *, current: bool = False,
+           pool: Executor | None = None) -> tuple[bool, bool, bool]:
+        """(has key facts, has summary episodes, has procedures): current ones only with
+        ``current``. With ``pool`` the three questions are asked at once: on a Chroma server
+        each is a round trip."""
         now = time.monotonic()
+        key = (user_id, current)
         with self._guard:
-            cached = self._cache.get(user_id)
+            cached = self._cache.get(key)
         if cached is not None and cached[0] > now:
             return cached[1], cached[2], cached[3]
         vectors = self._stores.vectors
+        pin = eq("current", True) if current else None
 
         def has(where: Filter) -> bool:
-            return bool(vectors.list(user_id, where=where, limit=1))
+            return bool(vectors.list(user_id, where=all_of(where, pin), limit=1))
 
         asked = (eq("has_key", True), eq("kind", "summary"), eq("kind", "procedure"))
         if pool is None:
@@ -230,8 +241,8 @@ class Extras:
             futures = [pool.submit(contextvars.copy_context().run, has, where) for where in asked]
             has_facts, has_episodes, has_procedures = (f.result() for f in futures)
         with self._guard:
-            self._cache[user_id] = (now + EXTRAS_TTL, has_facts, has_episodes, has_procedures)
-            self._cache.move_to_end(user_id)
+            self._cache[key] = (now + EXTRAS_TTL, has_facts, has_episodes, has_procedures)
+            self._cache.move_to_end(key)
             while len(self._cache) > MAX_EXTRAS:
                 self._cache.popitem(last=False)
         return has_facts, has_episodes, has_procedures
@@ -243,6 +254,7 @@ class Extras:
             self.forget(user_id)
 
     def forget(self, user_id: str) -> None:
-        """Drop the user's cached answer (its next context() asks the vector store again)."""
+        """Drop the user's cached answers (its next context() asks the vector store again)."""
         with self._guard:
-            self._cache.pop(user_id, None)
+            for current in (False, True):
+                self._cache.pop((user_id, current), None)
