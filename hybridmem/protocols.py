@@ -53,6 +53,7 @@ __all__ = [
     "StoreReport",
     "TokenCounter",
     "GRAPH_NOTE",
+    "SNAPSHOT_AGE",
     "VectorHit",
     "VectorStore",
     "WriteLog",
@@ -476,6 +477,14 @@ class WriteSlot:
 
 #: How a graph record's id starts in a lease's note (memory ids, which notes list bare, are hex).
 GRAPH_NOTE = "g:"
+#: Leases after which a snapshot is stored again at the next lease end, even if little was
+#: written since (server mode: record, graph and text snapshots). A snapshot names the lease it
+#: was written under, and a first look from it reads the notes of the lease slots after that
+#: one: once that slot is tidied away the look must compare every record instead. Leases that
+#: write no text or graph (access counts, field updates) never make a new snapshot due by
+#: themselves, so without this a busy user's snapshots would all fall out of the slots. The
+#: write log keeps at least twice this many slots (see :mod:`hybridmem.replica.lease`).
+SNAPSHOT_AGE = 16
 
 
 class WriteLog(Protocol):

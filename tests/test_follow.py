@@ -14,6 +14,7 @@ from chromadb.api.models.Collection import Collection
 
 from hybridmem import Memory, Settings
 from hybridmem.chroma.client import COLLECTION_PREFIXES, collection_name, is_memories_name
+from hybridmem.chroma import follow as follow_module
 from hybridmem.chroma import vector as vector_module
 from hybridmem.chroma.vector import ChromaVectorStore
 from hybridmem.filters import eq
@@ -151,6 +152,7 @@ def test_a_copy_that_missed_tidied_slots_reloads_from_the_server(
     a.put(u, [item(u, "k1", "Carol bought the tent")])
     assert len(b.everything(u)) == 1
     monkeypatch.setattr(lease_module, "STALE_SLOTS", 1)  # each taker deletes the slots below
+    monkeypatch.setattr(lease_module, "KEEP_SLOTS", 0)
     for n in range(2, 5):
         a.put(u, [item(u, f"k{n}", f"Carol bought tent number {n}")])
     b.store.refresh(u)  # the slots of k2 and k3 are gone: the copy cannot know what they wrote
@@ -454,3 +456,95 @@ def test_a_copy_loads_from_the_record_snapshot_and_what_leases_noted_since(
     loaded, calls = load()
     assert loaded == a.everything(u) == b.everything(u)
     assert [ids for _, ids in calls if ids is None] == []
+
+
+@pytest.fixture()
+def short_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write log that keeps 4 slots, tidies one at a time, and snapshots stored again after
+    2 leases: what happens to a busy user after hundreds of leases, in a dozen."""
+    monkeypatch.setattr(follow_module, "SNAPSHOT_AGE", 2)
+    monkeypatch.setattr(lease_module, "KEEP_SLOTS", 4)
+    monkeypatch.setattr(lease_module, "STALE_SLOTS", 1)
+
+
+def _lease_slots(client: Any, user: str) -> list[int]:
+    got = client.get_collection(collection_name(user, "lease")).get(include=[])
+    return sorted(int(i) for i in got["ids"])
+
+
+@pytest.mark.usefixtures("short_slots")
+def test_leases_that_write_no_text_leave_first_looks_a_text_and_graph_snapshot_to_start_from(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leases that write no text and no graph record (field updates here; access counts in a
+    service) make no snapshot due, yet each takes a lease slot and the oldest are tidied away.
+    Writers store a snapshot again once it is SNAPSHOT_AGE leases old, so the slot it names is
+    still there: a fresh process's first look lists no ids and compares no text hashes."""
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    with Memory(settings, embedder=embedder) as a:
+        made = a.add_many(u, [f"Ivo bought the Shop{n} drill number {n}"
+                              for n in range(max(TEXTS_TAIL, SNAPSHOT_TAIL))])
+        first = _lease_slots(a._stores.vectors.client, u)[-1]  # type: ignore[attr-defined]
+        for n in range(12):
+            a.update(u, made[n].id, importance=0.5 + n / 100)
+        slots = _lease_slots(a._stores.vectors.client, u)  # type: ignore[attr-defined]
+    assert slots[0] > first and len(slots) <= 6  # the slots of the batch's leases are gone
+    calls: list[tuple[str, Any, Any]] = []
+    real = Collection.get
+
+    def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        calls.append((self.name, kwargs.get("ids"), kwargs.get("where")))
+        return real(self, *args, **kwargs)
+
+    index = ChromaLexicalIndex(url=chroma_server)
+    index.watch(ChromaLeases(index._handles.client))
+    graph = ChromaGraphStore(url=chroma_server)
+    graph.watch(ChromaLeases(graph._handles.client))
+    try:
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(Collection, "get", noted)
+            found = index.search(u, "Shop7 drill", limit=5)
+            entities = graph.entities(u)
+    finally:
+        index.close()
+        graph.close()
+    assert found and found[0][0] == made[7].id
+    assert any("Shop7" in e.name for e in entities)
+    listed = [(name, where) for name, ids, where in calls if ids is None
+              and (_memories(name) or name == collection_name(u, "graph"))]
+    assert listed == []
+    assert [where for name, ids, where in calls if _memories(name) and where] == []
+
+
+@pytest.mark.usefixtures("short_slots")
+def test_leases_that_write_no_text_leave_a_copy_a_record_snapshot_to_load_from(
+    process: Any, unique_user: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As for the text and graph snapshots: a copy's record snapshot is stored again once it is
+    SNAPSHOT_AGE leases old, however little the leases wrote, so a fresh copy loads from it and
+    what was noted since, without a listing, after many field updates."""
+    monkeypatch.setattr(vector_module, "RECORDS_MIN", 1)
+    u = unique_user
+    a = process(snapshots=True)
+    a.everything(u)
+    a.put(u, [item(u, f"m{n}", f"Alice bought the kettle number {n}") for n in range(6)])
+    first = _lease_slots(a.store.client, u)[-1]
+    for n in range(12):
+        a.update(u, [a.everything(u)[n % 6].model_copy(update={"importance": 0.5 + n / 100})])
+    assert _lease_slots(a.store.client, u)[0] > first
+    calls: list[Any] = []
+    real = Collection.get
+
+    def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        if _memories(self.name):
+            calls.append(kwargs.get("ids"))
+        return real(self, *args, **kwargs)
+
+    fresh = process(snapshots=True)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Collection, "get", noted)
+        loaded = fresh.everything(u)
+    assert loaded == a.everything(u) and loaded[5].importance == 0.61
+    assert None not in calls  # no listing: the snapshot, and by id what was noted since

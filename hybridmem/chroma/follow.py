@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hybridmem.chroma.record_cache import UserRecords
-from hybridmem.protocols import GRAPH_NOTE, WriteLog, WriteSlot
+from hybridmem.protocols import GRAPH_NOTE, SNAPSHOT_AGE, WriteLog, WriteSlot
 
 __all__ = ["Follower", "missed", "written", "written_since"]
 
@@ -129,6 +129,17 @@ def written_since(log: WriteLog, user_id: str, at: tuple[int, str, bool],
     if any(n not in now for n in range(first, max(now) + 1)):
         return None
     return _noted(log, user_id, [n for n, s in now.items() if n >= first + final and not s.held])
+
+
+def aged(log: WriteLog, user_id: str, at: tuple[int, str, bool] | None) -> bool:
+    """Whether a snapshot written under lease ``at`` is to be stored again as the lease this
+    process holds now ends: :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases or more later, or
+    the slots were numbered anew since (the user erased and written again). False when this
+    process holds no lease or the snapshot names none."""
+    held = log.holding(user_id)
+    if at is None or held is None:
+        return False
+    return held[0] - at[0] >= SNAPSHOT_AGE or held[0] < at[0]
 
 
 def _noted(log: WriteLog, user_id: str, released: list[int]) -> set[str] | None:

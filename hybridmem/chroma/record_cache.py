@@ -82,9 +82,11 @@ class UserRecords:
     checked: float = 0.0
     #: On a shared Chroma server: records this process wrote since the copy was loaded or its
     #: last record snapshot was stored, and whether the server has a record snapshot, as this
-    #: process last knew (None: unknown); see hybridmem.replica.copies.
+    #: process last knew (None: unknown), and the lease it was written under when known (see
+    #: hybridmem.chroma.follow.aged); see hybridmem.replica.copies.
     since: int = 0
     snapshot: bool | None = None
+    snapshot_at: tuple[int, str, bool] | None = None
 
     def put(self, rows: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Insert or replace records (id, document, metadata)."""

@@ -50,7 +50,7 @@ from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
-from hybridmem.chroma.follow import Follower, written_since
+from hybridmem.chroma.follow import Follower, aged, written_since
 from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
@@ -236,16 +236,19 @@ class ChromaVectorStore:
     def settle(self, user_id: str) -> None:
         """The user's lease ends after its last write: store a record snapshot of this process's
         copy if one is owed (see :class:`~hybridmem.protocols.Settling`): when the server has
-        none this process knows of, or enough was written since the last. A process without
-        the user's copy in memory stores none, nor one with fewer than :data:`RECORDS_MIN`
-        records. A failure is logged, never raised."""
+        none this process knows of, or enough was written since the last, or the last was
+        written :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
+        :func:`~hybridmem.chroma.follow.aged`). A process without the user's copy in memory
+        stores none, nor one with fewer than :data:`RECORDS_MIN` records. A failure is logged,
+        never raised."""
         follower, snapshots = self._follower, self._snapshots
         if follower is None or snapshots is None or self._records is None:
             return
         records = self._records.get(user_id)
         if records is None or len(records) < RECORDS_MIN or not (
                 records.snapshot is False
-                or records.since >= max(RECORDS_TAIL, len(records) // RECORDS_SHARE)):
+                or records.since >= max(RECORDS_TAIL, len(records) // RECORDS_SHARE)
+                or aged(follower.log, user_id, records.snapshot_at)):
             return
         held = follower.log.holding(user_id)
         since = 0
@@ -255,9 +258,9 @@ class ChromaVectorStore:
                     return
                 rows = records.rows_now()
                 since, records.since = records.since, 0
-            snapshots.write(user_id, RecordSnapshot(
-                rows=rows, at=None if held is None else (*held, True)))
-            records.snapshot = True
+            at = None if held is None else (*held, True)
+            snapshots.write(user_id, RecordSnapshot(rows=rows, at=at))
+            records.snapshot, records.snapshot_at = True, at
         except StorageError as exc:
             records.since += since
             log.warning("record snapshot not stored (%s); loads read every record", exc)
@@ -339,6 +342,7 @@ class ChromaVectorStore:
             log.warning("record snapshot of a user not read (%s); reading every record", exc)
             got = None
         records.snapshot = got is not None
+        records.snapshot_at = None if got is None else got.at
         if got is None or got.at is None or records.base is None:
             return False
         noted = written_since(self._follower.log, user_id, got.at, records.base)

@@ -48,7 +48,7 @@ from hybridmem.runtime.locks import UserLocks
 from hybridmem.sqlite.base import PerUserSqlite
 from hybridmem.models import Extraction, GraphEntity, GraphPath, GraphRelation
 from hybridmem.errors import StorageError
-from hybridmem.protocols import GraphStore, NameSnapshot, NameSnapshots, Pingable
+from hybridmem.protocols import GraphStore, NameSnapshot, NameSnapshots, Pingable, Settling
 
 __all__ = ["FILE_NAME", "FILL_BATCH", "FIRST_ROWS", "NAME_VECTORS", "NameStore", "NameVectors",
            "NamedGraph"]
@@ -602,8 +602,10 @@ class NamedGraph:
                 (e := self.inner.entity(user_id, k)) is None or e.key != k)])
 
     def settle(self, user_id: str) -> None:
-        """The user's lease ends (server mode): the name vectors store what they owe the
-        server (see :meth:`NameVectors.settle`)."""
+        """The user's lease ends (server mode): the wrapped store and the name vectors store
+        what they owe the server (see :meth:`NameVectors.settle`)."""
+        if isinstance(self.inner, Settling):
+            self.inner.settle(user_id)
         self.names.settle(user_id)
 
     def import_graph(self, user_id: str, data: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridmem.chroma import client as _chroma
-from hybridmem.chroma.follow import written_since
+from hybridmem.chroma.follow import aged, written_since
 from hybridmem.errors import InvalidInputError, StorageError
 from hybridmem.graph.activation import FOCUS, SESSION, TOPIC, Similar
 from hybridmem.graph.fileformat import gc_paused
@@ -233,8 +233,22 @@ class ChromaGraphStore(ServerCache):
                                what="delete the graph snapshot")
             st.checked = None
             st.record_ids.clear()
-            st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
+            st.snap, st.snap_covers, st.snap_at, st.since_snap = None, frozenset(), None, 0
             self._cache.drop_user(user_id)
+
+    def settle(self, user_id: str) -> None:
+        """The user's lease ends: store the snapshot again if the one this process knows was
+        written :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
+        :func:`~hybridmem.chroma.follow.aged`), so its lease slot is never tidied away while it
+        is the current one: leases that write no graph record (access counts, field updates)
+        make no snapshot due otherwise. A failure is logged, never raised (see
+        :class:`~hybridmem.protocols.Settling`)."""
+        st = self._state(user_id)
+        with st.lock:
+            if st.checked is None or st.snap is None or self._log is None \
+                    or not aged(self._log, user_id, st.snap_at):
+                return
+            self._compact(user_id, st, force=True)
 
     def close(self) -> None:
         """Forget the caches; idempotent. The server keeps everything."""
@@ -247,7 +261,7 @@ class ChromaGraphStore(ServerCache):
         self._cache.drop_user(user_id)
         st.record_ids = set()
         st.checked = st.marker = None
-        st.snap, st.snap_covers, st.since_snap = None, frozenset(), 0
+        st.snap, st.snap_covers, st.snap_at, st.since_snap = None, frozenset(), None, 0
 
     # -- sync ------------------------------------------------------------------------------------
     def refresh(self, user_id: str) -> None:
@@ -299,7 +313,8 @@ class ChromaGraphStore(ServerCache):
                 st.record_ids, noted = set(), None
                 listing = set(self._record_ids(user_id)) if listing is None else listing
             elif got is not None:
-                st.snap, st.snap_covers, st.since_snap = got.snap, got.covers, 0
+                st.snap, st.snap_covers, st.snap_at, st.since_snap = \
+                    got.snap, got.covers, got.at, 0
             if listing is None:
                 gone = {r for r in listed if r not in present and r in st.record_ids}
                 new = present - st.record_ids
@@ -382,7 +397,7 @@ class ChromaGraphStore(ServerCache):
         except StorageError as exc:
             log.warning("graph snapshot not stored (%s); readers replay more records", exc)
             return
-        st.snap, st.snap_covers, st.since_snap = snap, frozenset(covers), 0
+        st.snap, st.snap_covers, st.snap_at, st.since_snap = snap, frozenset(covers), at, 0
 
     def _erase_from_snapshot(self, user_id: str, st: UserSync, gone: set[str]) -> None:
         """After forgetting memories: rewrite the snapshot unless this process knows the

@@ -17,8 +17,8 @@ same owner: one winner, decided by the server.
 not expired it waits (polling) ; otherwise it ``add``\\ s the next number with its token and
 reads back: it holds the lease when its token is there and no higher slot exists (a process that
 read a stale listing can only insert a number below the last, and so loses). Slots below the
-holder's are deleted once :data:`STALE_SLOTS` accrue or one carries an intent. Releasing marks the
-slot free.
+holder's are tidied once :data:`STALE_SLOTS` accrue beyond the last :data:`KEEP_SLOTS`, which
+stay, or all at once when one carries an intent. Releasing marks the slot free.
 
 **The journal** (server mode): before the first store write of a batch, its intent (see
 :mod:`hybridmem.write.journal`) is written into the holder's slot, as its metadata value
@@ -40,8 +40,10 @@ versions, the intent in its document.
 holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them. A process
 that keeps a copy of the user's records (:mod:`hybridmem.chroma.follow`) reads the slots taken
 since its last look and fetches just those memories: O(changes) per check, whatever the user's
-size. Slots are tidied away only :data:`STALE_SLOTS` at a time, so a reader that looks once a
-second misses none unless that many leases were taken in between (it then reloads the user).
+size. Slots are tidied away only :data:`STALE_SLOTS` at a time and the last :data:`KEEP_SLOTS`
+always stay, so a reader that looks once a second misses none unless that many leases were taken
+in between (it then reloads the user), and a snapshot names a slot that is still there: writers
+store one again after :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases (half the slots kept).
 
 **Assumptions**, as for any lease without fencing tokens: a holder finishes (or renews, at every
 batch) within :data:`LEASE_TTL` seconds, and hosts' clocks agree to well within it (NTP). A
@@ -68,7 +70,7 @@ from hybridmem.chroma import client as _chroma
 from hybridmem.runtime.files import user_key
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import CorruptStateError, StorageError, StoreBusyError
-from hybridmem.protocols import WriteSlot
+from hybridmem.protocols import SNAPSHOT_AGE, WriteSlot
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -82,11 +84,16 @@ log = logging.getLogger(__name__)
 LEASE_TTL = 30.0
 #: Seconds between two looks at a lease another process holds.
 POLL = 0.02
-#: Slots below the holder's that a taker leaves before deleting them: each delete is a write,
-#: and a reader of the slots (see the module docstring) misses what a deleted slot's holder
-#: wrote unless it looked in between. Reading them costs little: a check reads their metadata,
-#: and the documents only of slots it has not seen.
-STALE_SLOTS = 64
+#: Slots below the holder's that a taker leaves before deleting the oldest of them (all but the
+#: last :data:`KEEP_SLOTS`): each delete is a write, and a reader of the slots (see the module
+#: docstring) misses what a deleted slot's holder wrote unless it looked in between. Reading them
+#: costs little: a check reads their metadata, and the documents only of slots it has not seen.
+STALE_SLOTS = 32
+#: Slots below the holder's that a tidy leaves: a snapshot names the slot of the lease it was
+#: written under, and a first look from it reads the notes of the slots after it (see
+#: hybridmem.chroma.follow.written_since). Twice SNAPSHOT_AGE, after which writers store a
+#: snapshot again, so a snapshot's slot is always there.
+KEEP_SLOTS = 2 * SNAPSHOT_AGE
 #: The most memory ids a released slot lists (a batch that wrote more says ``*``: reload).
 MAX_NOTED = 4096
 #: How a released slot's document starts (an intent of the earlier layout, on a held slot, is a
@@ -201,11 +208,15 @@ class ChromaLeases:
                             INTENT: _pack(orphan or "")}],
             ))
             if self._holds(user_id, mine, owner):
-                stale = [_slot(n) for n in slots if n < mine]
-                # tidied now and then (a write less per lease), and at once when one is held:
-                # it carries an intent, which may quote memory texts
-                if len(stale) >= STALE_SLOTS or any(slots[n][0].get("state") == "held"
-                                                    for n in slots if n < mine):
+                below = sorted(n for n in slots if n < mine)
+                # the oldest tidied now and then (a write less per lease), every one at once
+                # when one is held: it carries an intent, which may quote memory texts
+                if any(slots[n][0].get("state") == "held" for n in below):
+                    stale = [_slot(n) for n in below]
+                else:
+                    stale = [_slot(n) for n in below[:len(below) - KEEP_SLOTS]] \
+                        if len(below) >= KEEP_SLOTS + STALE_SLOTS else []
+                if stale:
                     self._run(user_id, "tidy the write lease", lambda c: c.delete(ids=stale))
                 if orphan:
                     log.warning("taking over the write lease of a process that died mid-write")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ConfigError, StorageError
-from hybridmem.chroma.follow import written_since
+from hybridmem.chroma.follow import aged, written_since
 from hybridmem.protocols import GRAPH_NOTE, WriteSlot
 from hybridmem.replica import snapshot
 from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache, UserSync, chunks
@@ -246,11 +246,17 @@ class ChromaLexicalIndex(ServerCache):
 
     def settle(self, user_id: str) -> None:
         """The user's lease ends after its last write: store the text snapshot if one is owed
-        (see :class:`~hybridmem.protocols.Settling`). Made now, it lacks nothing this lease
-        wrote, so a first look from it fetches only what later leases noted."""
+        (see :class:`~hybridmem.protocols.Settling`), or if the one this process knows was
+        written :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
+        :func:`~hybridmem.chroma.follow.aged`: leases that write no text, such as access
+        counts, would otherwise leave its lease slot to be tidied away). Made now, it lacks
+        nothing this lease wrote, so a first look from it fetches only what later leases
+        noted."""
         st = self._state(user_id)
         with st.lock:
-            if not st.owed:
+            renew = st.texts is not None and st.checked is not None and self._log is not None \
+                and aged(self._log, user_id, st.texts.at)
+            if not (st.owed or renew):
                 return
             try:
                 self._write_texts(user_id, st, final=True)

@@ -66,16 +66,18 @@ class UserSync:
     versions: dict[str, str] = field(default_factory=dict)  # lexical: memory id -> text hash
     checked: float | None = None  # monotonic time of the last check's start
     swept: float | None = None  # lexical: last full comparison of texts
-    #: graph: the records of the server's snapshot this process last read or wrote (its id in
-    #: ``snap``), and how many records were added or removed since (see replica.snapshot)
     #: the user's lease slots as the last check saw them while every slot was free (None:
     #: unknown, or a write was under way), and as the last lexical sweep saw them
     marker: object = None
     swept_marker: object = None
     #: the lease slots as the last check saw them (None: unknown; see ServerCache.watch)
     slots: dict[int, WriteSlot] | None = None
+    #: graph: the records of the server's snapshot this process last read or wrote (its id in
+    #: ``snap``), the lease it was written under (None: not known), and how many records were
+    #: added or removed since (see replica.snapshot)
     snap: str | None = None
     snap_covers: frozenset[str] = frozenset()
+    snap_at: tuple[int, str, bool] | None = None
     since_snap: int = 0
     #: lexical: the text snapshot this process last read or wrote (its ids and text hashes;
     #: None: not known), and how many texts it wrote or deleted since
