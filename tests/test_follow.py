@@ -347,9 +347,10 @@ def test_a_graph_first_look_reads_the_records_noted_after_its_snapshot_without_a
     chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A graph snapshot names the lease it was stored under (mid-write): a process's first
-    look loads it and reads the graph records noted from that lease on, by id, instead of
-    listing every record id; its graph is the one a replay of every record builds."""
+    """A graph snapshot names the lease it was stored under (mid-write, marked at the lease's
+    end as its last graph write): a process's first look loads it and reads the graph records
+    noted after that lease, by id, instead of listing every record id; its graph is the one a
+    replay of every record builds."""
     u = unique_user
     settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
     with Memory(settings, embedder=embedder) as a:
@@ -375,10 +376,11 @@ def test_a_graph_first_look_reads_the_records_noted_after_its_snapshot_without_a
         assert any("Brak" in e.name for e in loaded)
         graph = collection_name(u, "graph")
         assert [ids for name, ids, _ in calls if name == graph and ids is None] == []
-        # the snapshot's own lease's records are asked for by id (it was stored mid-write), and
-        # only the later ones are read
+        # the snapshot was stored mid-write, and marked as its lease's last graph write as the
+        # lease ended: only the later leases' records are asked for, and read
         read = {i for name, ids, include in calls if name == graph and ids and include for i in ids}
-        assert len(read) == 3
+        asked = {i for name, ids, _ in calls if name == graph and ids for i in ids}
+        assert len(read) == 3 and asked == read
     finally:
         fresh.close()
         replayed.close()

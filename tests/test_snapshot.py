@@ -19,7 +19,9 @@ from hybridmem.chroma import client as _chroma
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.replica import snapshot
 from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
+from hybridmem.replica.lease import ChromaLeases
 from hybridmem.runtime.files import user_key
+from hybridmem.runtime.locks import WriteLocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,3 +218,54 @@ def test_record_and_name_snapshots_read_back_and_a_malformed_one_is_refused(
     assert snapshot.read_names(col) is None and col.count() == 2  # the name snapshot's own
     snapshot.drop_names(col)
     assert col.count() == 0
+
+
+def test_a_finished_mark_names_its_snapshot_and_makes_its_lease_final(
+        chroma_server: str, unique_user: str) -> None:
+    """A graph snapshot stored mid-lease names its lease as not final; marked as its lease's
+    last graph write, it reads back final. A later snapshot's head keeps the mark's key, which
+    names the earlier one: the later snapshot reads back as it was stored."""
+    client = _chroma.make_client(url=chroma_server)
+    try:
+        made = snapshot.collection_meta(unique_user)
+        col = _chroma.create_collection(client, _chroma.collection_name(unique_user, "snapshot"),
+                                        made)
+        snapshot.write(col, "a1", ["m1~t"], b"{}", (3, "owner-a", False))
+        got = snapshot.read(col)
+        assert got is not None and got.at == (3, "owner-a", False)
+        snapshot.finish(col, "a1")
+        got = snapshot.read(col)
+        assert got is not None and got.at == (3, "owner-a", True)
+        snapshot.write(col, "b2", ["m1~t", "m2~t"], b"{}", (4, "owner-b", False))
+        got = snapshot.read(col)
+        assert got is not None and got.snap == "b2" and got.at == (4, "owner-b", False)
+    finally:
+        _chroma.close_client(client)
+
+
+def test_a_snapshot_followed_by_graph_writes_in_its_lease_is_not_marked_finished(
+        chroma_server: str, unique_user: str) -> None:
+    """A graph write after the snapshot, in the same lease, leaves it unmarked: a fresh first
+    look then asks for that lease's records too, and finds the late one."""
+    u = unique_user
+    store = ChromaGraphStore(url=chroma_server)
+    leases = ChromaLeases(store._handles.client)
+    store.watch(leases)
+    locks = WriteLocks(leases, settle=store.settle)
+    fresh = ChromaGraphStore(url=chroma_server)
+    fresh.watch(ChromaLeases(fresh._handles.client))
+    try:
+        with locks(u):
+            store.add_extractions(u, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+            store.add_extractions(u, [("late", ex(SNAPSHOT_TAIL + 1))])
+        got = snapshot.read(snapshots(chroma_server, u))
+        assert got is not None and got.at is not None and got.at[2] is False
+        assert "late" not in {r.split("~")[0] for r in got.covers}
+        assert view(fresh, u) == view(store, u)
+        with locks(u):
+            store.add_extractions(u, [(f"n{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+        got = snapshot.read(snapshots(chroma_server, u))
+        assert got is not None and got.at is not None and got.at[2] is True  # marked
+    finally:
+        store.close()
+        fresh.close()

@@ -217,6 +217,7 @@ class ChromaGraphStore(ServerCache):
         with st.lock:
             listed = self._record_ids(user_id)
             self._note(user_id, [GRAPH_NOTE + r for r in listed])
+            st.since_snap += len(listed)
             for part in chunks(listed):
                 self._run(user_id, "replace the graph", lambda c: c.delete(ids=list(part)))
             self._cache.drop_user(user_id)
@@ -237,18 +238,33 @@ class ChromaGraphStore(ServerCache):
             self._cache.drop_user(user_id)
 
     def settle(self, user_id: str) -> None:
-        """The user's lease ends: store the snapshot again if the one this process knows was
-        written :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
+        """The user's lease ends. A snapshot this lease stored mid-write, with no graph record
+        written after it, is marked as its lease's last graph write (see
+        :func:`hybridmem.replica.snapshot.finish`): a first look from it then reads no record of
+        that lease (a batch of 500 memories: 500 record ids asked for, one request, on every
+        fresh process's first look). Otherwise the snapshot is stored again if the one this process knows was written
+        :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
         :func:`~hybridmem.chroma.follow.aged`), so its lease slot is never tidied away while it
         is the current one: leases that write no graph record (access counts, field updates)
         make no snapshot due otherwise. A failure is logged, never raised (see
         :class:`~hybridmem.protocols.Settling`)."""
         st = self._state(user_id)
         with st.lock:
-            if st.checked is None or st.snap is None or self._log is None \
-                    or not aged(self._log, user_id, st.snap_at):
+            if st.checked is None or st.snap is None or self._log is None:
                 return
-            self._compact(user_id, st, force=True)
+            held, at = self._log.holding(user_id), st.snap_at
+            if held is not None and at is not None and not at[2] and at[:2] == held \
+                    and st.since_snap == 0:  # stored in this lease, the last graph write of it
+                snap = st.snap
+                try:
+                    self._handles.run(_snapshots(user_id), lambda c: snapshot.finish(c, snap),
+                                      user_id=user_id, what="mark the graph snapshot")
+                except StorageError as exc:
+                    log.warning("graph snapshot not marked (%s); first looks read more", exc)
+                    return
+                st.snap_at = (*held, True)
+            elif aged(self._log, user_id, at):
+                self._compact(user_id, st, force=True)
 
     def close(self) -> None:
         """Forget the caches; idempotent. The server keeps everything."""

@@ -78,17 +78,20 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["CODEC", "HEAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS", "RECORDS_FORMAT",
-           "RECORDS_HEAD", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot", "Texts",
-           "collection_meta", "drop_names", "drop_records", "drop_texts", "due", "new_id", "read",
-           "read_names", "read_records", "read_texts", "texts_head", "write", "write_names",
-           "write_records", "write_texts"]
+__all__ = ["CODEC", "FINISHED", "HEAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS",
+           "RECORDS_FORMAT", "RECORDS_HEAD", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot",
+           "Texts", "collection_meta", "drop_names", "drop_records", "drop_texts", "due",
+           "finish", "new_id", "read", "read_names", "read_records", "read_texts", "texts_head",
+           "write", "write_names", "write_records", "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
 SCHEMA = 1
 #: The id of the record naming the current graph snapshot.
 HEAD = "head"
+#: The graph head's metadata key naming the graph snapshot after which its lease wrote no graph
+#: record (see :func:`finish`).
+FINISHED = "finished"
 #: The id of the record naming the current text snapshot.
 TEXTS_HEAD = "lexical"
 #: The text snapshot's payload format (a reader ignores others: an older one listed texts).
@@ -180,7 +183,7 @@ def read(collection: Collection) -> Snapshot | None:
     got = _headed(collection, _GRAPH)
     if got is None:
         return None
-    snap, head, graph = got
+    snap, head, graph, meta = got
     if isinstance(head, list):  # as an older release wrote it: the records only
         head = {"covers": head, "at": None}
     covers, at = (head.get("covers"), head.get("at")) if isinstance(head, dict) else (None, None)
@@ -188,8 +191,17 @@ def read(collection: Collection) -> Snapshot | None:
             or not _lease(at):
         log.warning("ignoring graph snapshot %s: its list of records does not parse", snap)
         return None
+    finished = meta.get(FINISHED) == snap  # nothing written after it in its lease
     return Snapshot(snap=snap, covers=frozenset(covers), graph=graph,
-                    at=(at[0], at[1], at[2]) if at is not None else None)
+                    at=(at[0], at[1], at[2] or finished) if at is not None else None)
+
+
+def finish(collection: Collection, snap: str) -> None:
+    """Mark graph snapshot ``snap``, stored mid-lease, as the last graph write of its lease (call
+    under that lease, as it ends): a first look from it then skips that lease's own notes, which
+    it covers, instead of asking the server which of its records still exist. The mark names
+    the snapshot, so a later snapshot's head, which keeps the key, is not taken as marked."""
+    collection.update(ids=[HEAD], metadatas=[{FINISHED: snap}])
 
 
 def write_texts(collection: Collection, snap: str, texts: Texts) -> None:
@@ -297,18 +309,20 @@ def drop_names(collection: Collection) -> None:
     _drop(collection, _NAMES)
 
 
-def _headed(collection: Collection, kind: _Kind) -> tuple[str, Any, bytes] | None:
-    """(snapshot id, its payload's first line as JSON — None when it does not parse — and the
-    bytes after that line) of ``kind``'s current snapshot; None when there is none."""
+def _headed(collection: Collection, kind: _Kind,
+            ) -> tuple[str, Any, bytes, dict[str, Any]] | None:
+    """(snapshot id, its payload's first line as JSON — None when it does not parse — the
+    bytes after that line, and the head's metadata) of ``kind``'s current snapshot; None when
+    there is none."""
     got = _get(collection, kind)
     if got is None:
         return None
-    snap, payload = got
+    snap, payload, meta = got
     first, _, rest = payload.partition(b"\n")
     try:
-        return snap, json.loads(first), rest
+        return snap, json.loads(first), rest, meta
     except ValueError:
-        return snap, None, rest
+        return snap, None, rest, meta
 
 
 def _fields(collection: Collection, kind: _Kind, names: Sequence[str],
@@ -318,7 +332,7 @@ def _fields(collection: Collection, kind: _Kind, names: Sequence[str],
     got = _headed(collection, kind)
     if got is None:
         return None
-    snap, head, rest = got
+    snap, head, rest, _ = got
     if not isinstance(head, dict) or any(n not in head for n in names):
         return snap, [None] * len(names), rest
     return snap, [head[n] for n in names], rest
@@ -388,9 +402,10 @@ def _put(collection: Collection, kind: _Kind, snap: str, payload: bytes,
     collection.delete(where=_these(kind, {"$gte": 0}, snap))
 
 
-def _get(collection: Collection, kind: _Kind) -> tuple[str, bytes] | None:
-    """(snapshot id, payload) of ``kind``'s current snapshot: one ``get`` of its head and parts
-    (the other kind's records stay on the server); None when there is none or it is unusable."""
+def _get(collection: Collection, kind: _Kind) -> tuple[str, bytes, dict[str, Any]] | None:
+    """(snapshot id, payload, the head's metadata) of ``kind``'s current snapshot: one ``get``
+    of its head and parts (the other kind's records stay on the server); None when there is
+    none or it is unusable."""
     got = collection.get(where=_every(kind), include=["metadatas"])
     records = {i: dict(m or {}) for i, m in zip(got["ids"], got["metadatas"] or [])}
     head = records.get(kind.head)
@@ -406,7 +421,8 @@ def _get(collection: Collection, kind: _Kind) -> tuple[str, bytes] | None:
         log.info("snapshot %s is incomplete (a concurrent write); not used", snap)
         return None
     try:
-        return snap, zlib.decompress(base64.b64decode("".join(map(str, pieces)), validate=True))
+        return snap, zlib.decompress(
+            base64.b64decode("".join(map(str, pieces)), validate=True)), head
     except (binascii.Error, zlib.error):
         log.warning("ignoring snapshot %s: its parts do not decode", snap)
         return None
