@@ -94,6 +94,7 @@ def _open(
     dir_lock: DataDirLock | None,
 ) -> Stores:
     client: Any = None  # server mode: one Chroma client for the three stores
+    handles: Any = None  # and its collection handles, which they share (see there)
     chroma: Any = None  # the vector store opened here (None: the caller's)
     max_open = _max_open(s)
     if vectors is None:
@@ -116,12 +117,12 @@ def _open(
             reembed=lambda texts: embed_checked(embedder, texts),
             purge_delay=s.purge_delay,
         )
-        vectors, client = chroma, chroma.client
+        vectors, client, handles = chroma, chroma.client, chroma.handles
     if lexical is None:
         if s.chroma_url:  # shared by every process: a cache of the server's documents
             from hybridmem.replica.lexical import ChromaLexicalIndex
 
-            lexical = ChromaLexicalIndex(client=client, url=None if client else s.chroma_url)
+            lexical = ChromaLexicalIndex(client=handles, url=None if handles else s.chroma_url)
         else:
             from hybridmem.sqlite.lexical import SqliteLexicalIndex
 
@@ -130,7 +131,7 @@ def _open(
         if s.chroma_url:  # shared by every process: rebuilt from records in the server
             from hybridmem.replica.graph import ChromaGraphStore
 
-            graph = ChromaGraphStore(client=client, url=None if client else s.chroma_url,
+            graph = ChromaGraphStore(client=handles, url=None if handles else s.chroma_url,
                                      focus=s.graph_focus, session=s.graph_session)
         else:
             from hybridmem.graph.store import NetworkXGraphStore
@@ -142,7 +143,7 @@ def _open(
         if s.chroma_url and client is not None:  # shared by every process, like the graph
             from hybridmem.replica.history import ChromaHistoryLog
 
-            history = ChromaHistoryLog(client)
+            history = ChromaHistoryLog(handles)
         else:
             from hybridmem.sqlite.history import HistoryStore
 
@@ -152,12 +153,12 @@ def _open(
         from hybridmem.replica.lease import ChromaLeases
         from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache
 
-        leases = ChromaLeases(client, ttl=s.lease_ttl)
+        leases = ChromaLeases(handles, ttl=s.lease_ttl)
         if chroma is not None:  # the record copy catches up as often as the graph and lexicon
             from hybridmem.replica.copies import ChromaRecordSnapshots
 
             chroma.follow(leases, interval=REFRESH_INTERVAL,
-                          snapshots=ChromaRecordSnapshots(client))
+                          snapshots=ChromaRecordSnapshots(handles))
         for cache in (graph, lexical):  # they follow the leases' notes too
             if isinstance(cache, ServerCache):
                 cache.watch(leases)
@@ -165,7 +166,7 @@ def _open(
     if leases is not None and client is not None:
         from hybridmem.replica.copies import ChromaNameSnapshots
 
-        shared_names = ChromaNameSnapshots(client)
+        shared_names = ChromaNameSnapshots(handles)
     return Stores(vectors=vectors, lexical=lexical, graph=graph, history=history,
                   dir_lock=dir_lock, leases=leases, name_snapshots=shared_names)
 

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from hybridmem import Memory, Settings
 from hybridmem.chroma import client as _chroma
+from hybridmem.offline import HashEmbedder
 from hybridmem.runtime import process
 from hybridmem.runtime.files import user_key
 from hybridmem.errors import (
@@ -234,9 +236,51 @@ def test_failures_become_storage_errors_naming_user_and_operation(
     assert "cached=0" in repr(handles)  # a refused handle is not kept
 
 
+def test_a_handle_another_store_opened_is_still_vetted(
+    mode: dict[str, Any], unique_user: str
+) -> None:
+    """Handles are shared by server mode's stores (the lexical cache opens the vector store's
+    collections): a caller that vets its handles vets one another caller opened first, and a
+    refused one is dropped."""
+    handles = _chroma.CollectionHandles(mode["make"]())
+    name = _chroma.collection_name(unique_user)
+    seen: list[str] = []
+
+    def refuse(c: Any) -> None:
+        seen.append(c.name)
+        raise EmbedderMismatchError("built by another embedder")
+
+    assert handles.run(name, lambda c: c.count(), user_id=unique_user, what="count",
+                       create={"user_id": unique_user}) == 0  # opened without a check
+    with pytest.raises(EmbedderMismatchError):
+        handles.run(name, lambda c: c.count(), user_id=unique_user, what="count", check=refuse)
+    assert seen == [name] and "cached=0" in repr(handles)
+    accepted: list[str] = []
+    for _ in range(2):  # vetted once, then kept
+        handles.run(name, lambda c: c.count(), user_id=unique_user, what="count",
+                    check=lambda c: accepted.append(c.name))
+    assert accepted == [name]
+
+
+def test_server_mode_stores_share_one_set_of_handles(
+    chroma_server: str, tmp_path: Any, unique_user: str
+) -> None:
+    """Each of a user's collections is opened once per process, whichever store asks first."""
+    settings = Settings(data_dir=tmp_path / "hm", chroma_url=chroma_server, extractor="rules")
+    with Memory(settings, embedder=HashEmbedder(16)) as mem:
+        stores = mem._stores
+        shared = stores.vectors.handles  # type: ignore[attr-defined]
+        assert stores.lexical._handles is shared  # type: ignore[attr-defined]
+        assert stores.leases._handles is shared  # type: ignore[union-attr]
+        assert stores.history._handles is shared  # type: ignore[attr-defined]
+        mem.add(unique_user, "Mia bought a Qorv kettle")
+        assert "kettle" in mem.context(unique_user, "which kettle?").text
+
+
 #: Turns scrubbing on, then prints the set of byte values of a fresh malloc above tcache's sizes.
 _FRESH_BLOCK = r"""
 import ctypes
+from hybridmem.offline import HashEmbedder
 from hybridmem.runtime import process
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -327,6 +371,7 @@ import sys
 from pathlib import Path
 import numpy as np
 from hybridmem.chroma import client as _chroma
+from hybridmem.offline import HashEmbedder
 from hybridmem.runtime import process
 root, release = Path(sys.argv[1]), sys.argv[2] == "release"
 if not release:  # the variant without malloc_trim, for comparison

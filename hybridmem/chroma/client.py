@@ -331,6 +331,14 @@ def move_not_current(client: ClientAPI, hot: Collection, archive_name: str,
     return len(ids)
 
 
+def handles_of(source: ClientAPI | CollectionHandles, *, hint: str = "") -> CollectionHandles:
+    """``source`` itself when it is handles already (those of the store that made the client,
+    shared: a process then opens each of a user's collections once, not once per store), else
+    new handles of the client ``source``."""
+    return source if isinstance(source, CollectionHandles) else CollectionHandles(source,
+                                                                                  hint=hint)
+
+
 class CollectionHandles:
     """Cached collection handles of one client, by name. Thread-safe.
 
@@ -360,6 +368,10 @@ class CollectionHandles:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a call in flight ends
+        #: name -> the lock of its opening under way (see _handle)
+        self._gates: dict[str, threading.Lock] = {}
+        #: cached handles a caller's ``check`` accepted (see _vet)
+        self._vetted: set[str] = set()
 
     def __repr__(self) -> str:
         return f"CollectionHandles(cached={len(self._cache)})"
@@ -392,9 +404,11 @@ class CollectionHandles:
         try:
             for attempt in (0, 1):
                 try:
-                    collection = self._handle(name, create, check)
+                    collection = self._handle(name, create)
                     if collection is None:
                         return None
+                    if check is not None:
+                        self._vet(name, collection, check)
                     return call(collection)
                 except HybridMemError:
                     raise
@@ -439,36 +453,77 @@ class CollectionHandles:
         if self._reopen is None or self._opened <= self._max_open or self._in_flight:
             return
         self._cache.clear()
+        self._vetted.clear()
         close_client(self.client)
         process.release_freed_heap()  # the old client's indexes, else kept by glibc (see there)
         self.client = self._reopen()
         self._opened = 0
 
-    def _handle(
-        self, name: str, create: CollectionMeta | None, check: Callable[[Collection], None] | None
-    ) -> Collection | None:
+    def _handle(self, name: str, create: CollectionMeta | None) -> Collection | None:
+        """The cached handle of ``name``, or one opened (or created) now. Opening is a round
+        trip on a server: it runs under a lock of its own name only, so the stores sharing
+        these handles open their collections at once (a first context opens five or six)."""
         with self._lock:
-            cached = self._cache.get(name)
+            cached = self._cached(name)
             if cached is not None:
-                self._cache.move_to_end(name)
                 return cached
-            if create is not None:
-                collection: Collection | None = create_collection(self.client, name, create)
-            else:
-                collection = open_collection(self.client, name)
-            if collection is not None:
-                if check is not None:
-                    check(collection)
-                self._opened += 1
-                self._cache[name] = collection
-                while len(self._cache) > self._max_open:
-                    self._cache.popitem(last=False)
-            return collection
+            gate = self._gates.setdefault(name, threading.Lock())
+        try:
+            with gate:  # one opening per name; the others wait for it, then find it cached
+                with self._lock:
+                    cached = self._cached(name)
+                client = self.client
+                if cached is not None:
+                    return cached
+                if create is not None:
+                    collection: Collection | None = create_collection(client, name, create)
+                else:
+                    collection = open_collection(client, name)
+                if collection is not None:
+                    with self._lock:
+                        self._opened += 1
+                        self._cache[name] = collection
+                        self._vetted.discard(name)
+                        while len(self._cache) > self._max_open:
+                            self._vetted.discard(self._cache.popitem(last=False)[0])
+                return collection
+        finally:
+            with self._lock:
+                if self._gates.get(name) is gate and not gate.locked():
+                    del self._gates[name]
+
+    def _vet(self, name: str, collection: Collection, check: Callable[[Collection], None],
+             ) -> None:
+        """Run ``check`` on a handle the first time a caller that vets asks for it: the stores
+        sharing these handles open collections of one another (the lexical cache reads the
+        vector store's), and the one that vets may come second. A refused handle is not kept:
+        the next call opens the collection again and vets it anew."""
+        with self._lock:
+            if name in self._vetted and self._cache.get(name) is collection:
+                return
+        try:
+            check(collection)
+        except BaseException:
+            with self._lock:
+                if self._cache.get(name) is collection:
+                    del self._cache[name]
+            raise
+        with self._lock:
+            if self._cache.get(name) is collection:
+                self._vetted.add(name)
+
+    def _cached(self, name: str) -> Collection | None:
+        """The cached handle of ``name`` (call with the lock held)."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            self._cache.move_to_end(name)
+        return cached
 
     def drop(self, name: str, *, user_id: str, what: str) -> None:
         """Forget the handle and delete the collection (a missing one is fine)."""
         with self._lock:
             self._cache.pop(name, None)
+            self._vetted.discard(name)
             try:
                 drop_collection(self.client, name)
             except Exception as exc:
@@ -478,11 +533,13 @@ class CollectionHandles:
         """Drop the cached handle (the next call reopens the collection)."""
         with self._lock:
             self._cache.pop(name, None)
+            self._vetted.discard(name)
 
     def clear(self) -> None:
         """Drop every cached handle."""
         with self._lock:
             self._cache.clear()
+            self._vetted.clear()
 
     def error(self, user_id: str, what: str, exc: BaseException) -> StorageError:
         """A :class:`StorageError` naming the operation and the user, with the hint."""

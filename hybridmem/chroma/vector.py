@@ -81,6 +81,9 @@ RECORDS_SHARE = 8
 RECORDS_MIN = 1024
 #: Ids per request when a load fetches what was written since the record snapshot.
 TAIL_CHUNK = 2000
+#: Collections per open user in the handles server mode's stores share (see
+#: ChromaVectorStore.handles): main, archive, graph, snapshot, lease and history, with room.
+SHARED_KINDS = 8
 #: How many more neighbours a filtered query fetches before filtering them itself.
 OVERFETCH = 3
 #: A query section whose filter pins a kind (or key) to at most this many records is ranked here,
@@ -123,8 +126,11 @@ class ChromaVectorStore:
         indexes = 2 * max_open  # each open user's main and archive collections
         client = _chroma.make_client(path=path, url=url, max_indexes=indexes)
         hint = "check that the Chroma server at chroma_url is reachable" if url else ""
+        # on a server the other stores share these handles (see handles): room for each open
+        # user's main, archive, graph, snapshot, lease and history collections
         self._handles = _chroma.CollectionHandles(
-            client, hint=hint, max_open=max_open, reopen=None if url is not None
+            client, hint=hint, max_open=max_open if url is None else SHARED_KINDS * max_open,
+            reopen=None if url is not None
             else lambda: _chroma.make_client(path=path, max_indexes=indexes),
         )
         self._path = None if url is not None else path
@@ -156,6 +162,14 @@ class ChromaVectorStore:
         """The Chroma client (server mode shares it with the graph and lexical stores, which
         borrow it: this store closes it)."""
         return self._handles.client
+
+    @property
+    def handles(self) -> _chroma.CollectionHandles:
+        """This store's collection handles, which server mode's other stores share (see
+        :func:`~hybridmem.chroma.client.handles_of`): a process opens each of a user's
+        collections once, where each store opened its own (a first context opened the
+        snapshot collection three times)."""
+        return self._handles
 
     def __repr__(self) -> str:
         return (f"ChromaVectorStore({self._where}, embedder={self._embedder_name!r}, "

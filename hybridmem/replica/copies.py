@@ -46,10 +46,10 @@ T = TypeVar("T")
 
 class _Snapshots:
     """The user's snapshot collection, through handles of ``client`` (the caller's: not closed
-    here)."""
+    here), or the caller's handles (see :func:`~hybridmem.chroma.client.handles_of`)."""
 
-    def __init__(self, client: ClientAPI) -> None:
-        self._handles = _chroma.CollectionHandles(
+    def __init__(self, client: ClientAPI | _chroma.CollectionHandles) -> None:
+        self._handles = _chroma.handles_of(
             client, hint="check that the Chroma server at chroma_url is reachable")
 
     def __repr__(self) -> str:

@@ -101,7 +101,8 @@ class ChromaGraphStore(ServerCache):
     name a node differently while agreeing on its key, edges and memories.
     """
 
-    def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
+    def __init__(self, *, client: ClientAPI | _chroma.CollectionHandles | None = None,
+                 url: str | None = None,
                  refresh_interval: float = REFRESH_INTERVAL, focus: float = FOCUS,
                  session: float = SESSION) -> None:
         super().__init__(client=client, url=url, refresh_interval=refresh_interval,

@@ -52,10 +52,11 @@ def _of(memory_ids: Sequence[str]) -> Where:
 
 class ChromaHistoryLog:
     """:class:`~hybridmem.protocols.HistoryLog` in a Chroma server (see the module docstring).
-    Thread-safe; the client is borrowed (the vector store owns and closes it)."""
+    Thread-safe; the client (or the handles, see :func:`~hybridmem.chroma.client.handles_of`)
+    is borrowed (the vector store owns and closes it)."""
 
-    def __init__(self, client: ClientAPI) -> None:
-        self._handles = _chroma.CollectionHandles(
+    def __init__(self, client: ClientAPI | _chroma.CollectionHandles) -> None:
+        self._handles = _chroma.handles_of(
             client, hint="check that the Chroma server at chroma_url is reachable")
 
     def __repr__(self) -> str:

@@ -132,10 +132,12 @@ class Lease:
 
 class ChromaLeases:
     """Per-user leases in a Chroma server (see the module docstring). Thread-safe; the client
-    is borrowed (the vector store owns and closes it)."""
+    (or the handles, see :func:`~hybridmem.chroma.client.handles_of`) is borrowed (the vector
+    store owns and closes it)."""
 
-    def __init__(self, client: ClientAPI, *, ttl: float = LEASE_TTL, poll: float = POLL) -> None:
-        self._handles = _chroma.CollectionHandles(
+    def __init__(self, client: ClientAPI | _chroma.CollectionHandles, *, ttl: float = LEASE_TTL,
+                 poll: float = POLL) -> None:
+        self._handles = _chroma.handles_of(
             client, hint="check that the Chroma server at chroma_url is reachable")
         self.ttl = ttl
         self._poll = poll

@@ -78,7 +78,8 @@ class ChromaLexicalIndex(ServerCache):
     it.
     """
 
-    def __init__(self, *, client: ClientAPI | None = None, url: str | None = None,
+    def __init__(self, *, client: ClientAPI | _chroma.CollectionHandles | None = None,
+                 url: str | None = None,
                  refresh_interval: float = REFRESH_INTERVAL, sweep_interval: float = 30.0) -> None:
         if sweep_interval < refresh_interval:
             raise ConfigError("sweep_interval must be >= refresh_interval")

@@ -91,18 +91,19 @@ class ServerCache:
     """Plumbing shared by both replicas: the client, per-user state, rate-limited checks, and
     handles that survive another process dropping and re-creating a collection
     (:mod:`hybridmem.chroma.client`). A client made here from ``url`` is closed by :meth:`close`;
-    a ``client`` passed in is not."""
+    a ``client`` passed in is not, nor handles passed in (shared with the store that made them,
+    see :func:`~hybridmem.chroma.client.handles_of`) cleared."""
 
-    def __init__(self, *, client: ClientAPI | None, url: str | None, refresh_interval: float,
-                 name_of: Callable[[str], str]) -> None:
+    def __init__(self, *, client: ClientAPI | _chroma.CollectionHandles | None, url: str | None,
+                 refresh_interval: float, name_of: Callable[[str], str]) -> None:
         if (client is None) == (url is None):
             raise ConfigError(f"{type(self).__name__} needs exactly one of client= or url=")
         if refresh_interval < 0:
             raise ConfigError("refresh_interval must be >= 0 seconds")
         self._own_client = client is None
-        self._handles = _chroma.CollectionHandles(
-            client if client is not None else _chroma.make_client(url=url), hint=_HINT
-        )
+        self._own_handles = not isinstance(client, _chroma.CollectionHandles)
+        self._handles = _chroma.handles_of(
+            client if client is not None else _chroma.make_client(url=url), hint=_HINT)
         self._name_of = name_of
         self.refresh_interval = float(refresh_interval)
         self._users: dict[str, UserSync] = {}
@@ -192,7 +193,8 @@ class ServerCache:
                 return False
             self._closed = True
             self._users.clear()
-            self._handles.clear()
+            if self._own_handles:
+                self._handles.clear()
             if self._own_client:
                 _chroma.close_client(self._handles.client)
             return True
