@@ -18,6 +18,7 @@ from typing import Any
 from hybridmem.chroma import client as _chroma
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.replica import snapshot
+from hybridmem.graph.store import NetworkXGraphStore
 from hybridmem.replica.graph import SNAPSHOT_TAIL, ChromaGraphStore
 from hybridmem.replica.lease import ChromaLeases
 from hybridmem.runtime.files import user_key
@@ -269,3 +270,37 @@ def test_a_snapshot_followed_by_graph_writes_in_its_lease_is_not_marked_finished
     finally:
         store.close()
         fresh.close()
+
+
+def test_an_imported_graph_replaces_the_snapshot_it_no_longer_matches(
+        chroma_server: str, unique_user: str) -> None:
+    """Importing a graph deletes every record under the lease, and the graph snapshot with
+    them: the importing process's own first look (its cache was dropped) and a fresh one
+    build the imported graph only, not the snapshot's."""
+    u = unique_user
+    store = ChromaGraphStore(url=chroma_server)
+    leases = ChromaLeases(store._handles.client)
+    store.watch(leases)
+    locks = WriteLocks(leases, settle=store.settle)
+    fresh = ChromaGraphStore(url=chroma_server)
+    fresh.watch(ChromaLeases(fresh._handles.client))
+    scratch = NetworkXGraphStore(None)
+    try:
+        with locks(u):  # a snapshot, marked as its lease's last graph write
+            store.add_extractions(u, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+        with locks(u):
+            store.add_extractions(u, [("late", ex(SNAPSHOT_TAIL + 1))])
+        scratch.add_extractions(u, [("new", Extraction(
+            entities=[Entity(name="Nadia", type="person"), Entity(name="Qorv lamp",
+                                                                  type="product")],
+            relations=[Relation(subject="Nadia", predicate="bought", object="Qorv lamp")],
+            extractor="test"))])
+        with locks(u):
+            store.import_graph(u, scratch.export(u)["graph"])
+        names = {e.name for e in store.entities(u)}
+        assert names == {"Nadia", "Qorv lamp"}
+        assert {e.name for e in fresh.entities(u)} == names
+    finally:
+        store.close()
+        fresh.close()
+        scratch.close()

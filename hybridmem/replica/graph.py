@@ -218,7 +218,11 @@ class ChromaGraphStore(ServerCache):
         with st.lock:
             listed = self._record_ids(user_id)
             self._note(user_id, [GRAPH_NOTE + r for r in listed])
-            st.since_snap += len(listed)
+            # the snapshot describes the graph being replaced: a first look from it (this
+            # process's own, below) would not see this lease's deletes, which its release lists
+            self._handles.run(_snapshots(user_id), snapshot.drop_graph, user_id=user_id,
+                              what="delete the graph snapshot")
+            st.snap, st.snap_covers, st.snap_at, st.since_snap = None, frozenset(), None, 0
             for part in chunks(listed):
                 self._run(user_id, "replace the graph", lambda c: c.delete(ids=list(part)))
             self._cache.drop_user(user_id)
@@ -243,8 +247,8 @@ class ChromaGraphStore(ServerCache):
         written after it, is marked as its lease's last graph write (see
         :func:`hybridmem.replica.snapshot.finish`): a first look from it then reads no record of
         that lease (a batch of 500 memories: 500 record ids asked for, one request, on every
-        fresh process's first look). Otherwise the snapshot is stored again if the one this process knows was written
-        :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
+        fresh process's first look). Otherwise the snapshot is stored again if the one this
+        process knows was written :data:`~hybridmem.protocols.SNAPSHOT_AGE` leases ago (see
         :func:`~hybridmem.chroma.follow.aged`), so its lease slot is never tidied away while it
         is the current one: leases that write no graph record (access counts, field updates)
         make no snapshot due otherwise. A failure is logged, never raised (see

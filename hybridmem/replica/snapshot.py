@@ -80,9 +80,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CODEC", "FINISHED", "HEAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS",
            "RECORDS_FORMAT", "RECORDS_HEAD", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "Snapshot",
-           "Texts", "collection_meta", "drop_names", "drop_records", "drop_texts", "due",
-           "finish", "new_id", "read", "read_names", "read_records", "read_texts", "texts_head",
-           "write", "write_names", "write_records", "write_texts"]
+           "Texts", "collection_meta", "drop_graph", "drop_names", "drop_records", "drop_texts",
+           "due", "finish", "new_id", "read", "read_names", "read_records", "read_texts",
+           "texts_head", "write", "write_names", "write_records", "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
@@ -270,6 +270,11 @@ def read_records(collection: Collection) -> tuple[
         return None
     return (snap, {i: (d, m) for i, d, m in zip(ids, docs, metas)},
             (at[0], at[1], at[2]) if at is not None else None)
+
+
+def drop_graph(collection: Collection) -> None:
+    """Delete the graph snapshot (see :func:`_drop`)."""
+    _drop(collection, _GRAPH)
 
 
 def drop_records(collection: Collection) -> None:
