@@ -44,6 +44,7 @@ __all__ = [
     "NameSnapshots",
     "LexicalIndex",
     "Pingable",
+    "Preloading",
     "RecordSnapshot",
     "RecordSnapshots",
     "Reembeddable",
@@ -279,6 +280,17 @@ class Settling(Protocol):
     def settle(self, user_id: str) -> None:
         """The user's lease ends: store what is owed (a failure is logged, never raised: what
         it owes saves work only)."""
+        ...
+
+
+@runtime_checkable
+class Preloading(Protocol):
+    """A store that loads a user's state at its first read, and can start that load ahead of
+    the read (Chroma server mode: the lexical cache, from the user's text snapshot)."""
+
+    def preload(self, user_id: str) -> None:
+        """Load the user's state now unless it is loaded (a failure is left to the next read,
+        which loads it again and raises)."""
         ...
 
 

@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from hybridmem import Memory, Settings
 from hybridmem.chroma import client as _chroma
 from hybridmem.chroma.vector import ChromaVectorStore
 from hybridmem.models import Entity, Extraction, MemoryItem, utcnow
@@ -176,6 +178,7 @@ def test_forgetting_or_editing_a_text_or_the_user_leaves_no_copy_in_the_text_sna
 
 KILLED = r"""
 import sys
+import threading
 from hybridmem.chroma.vector import ChromaVectorStore
 from hybridmem.models import MemoryItem, utcnow
 from hybridmem.offline import HashEmbedder
@@ -220,3 +223,35 @@ def test_a_writer_killed_mid_text_snapshot_leaves_a_loadable_one(
         st: Any = loaded._users[user_key(unique_user)]
         assert st.texts is not None  # the first look started from the snapshot
         loaded.close(), full.close()
+
+
+def test_a_first_context_starts_the_lexical_first_look_ahead_of_its_search(
+        chroma_server: str, tmp_path: Path, unique_user: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """context() preloads the lexical cache while it asks which sections the user has: the
+    first look is made once, on a reader thread, before the search that needs it."""
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    with Memory(settings, embedder=HashEmbedder(32)) as writer:
+        writer.add_many(u, [text(i) for i in range(20)])
+    looks: list[str] = []
+    preloads: list[str] = []
+    real_look = ChromaLexicalIndex._start_from_snapshot
+    real_preload = ChromaLexicalIndex.preload
+
+    def look(self: ChromaLexicalIndex, *args: Any) -> bool:
+        looks.append(threading.current_thread().name)
+        return real_look(self, *args)
+
+    def preload(self: ChromaLexicalIndex, user_id: str) -> None:
+        preloads.append(user_id)
+        real_preload(self, user_id)
+
+    monkeypatch.setattr(ChromaLexicalIndex, "_start_from_snapshot", look)
+    monkeypatch.setattr(ChromaLexicalIndex, "preload", preload)
+    with Memory(settings, embedder=HashEmbedder(32)) as reader:
+        word = text(3).split()[-1]
+        got = reader.context(u, f"which {word}?")
+        reader.context(u, "and the rest?")
+    assert preloads == [u, u] and len(looks) == 1 and looks[0].startswith("hybridmem-read")
+    assert any(word in line.text for line in got.lines)

@@ -23,6 +23,7 @@ from hybridmem.graph.activation import LINK_FLOOR, LINK_NODES
 from hybridmem.graph.name_vectors import NAME_VECTORS, NameVectors
 from hybridmem.models import Hit, MemoryItem, utcnow
 from hybridmem.observe import NullObserver, Observer
+from hybridmem.protocols import Preloading
 from hybridmem.read.ranking import (Candidate, Weights, best, breakdown, explain, graph_seeds,
                                     last_written, uses_history)
 from hybridmem.stores import Stores
@@ -39,8 +40,11 @@ QUERY_CACHE = 512
 #: :data:`POOL_EXTRA` more than it): fusion can only lift what some retriever fetched.
 POOL_PER_LIMIT = 2
 POOL_EXTRA = 500
-#: Threads that run a search's lexical lookup beside its embedding (one per concurrent search).
-READ_THREADS = 4
+#: Threads that run a search's lexical lookup beside its embedding (one per concurrent search),
+#: and the reads of a context() that do not wait for one another: a first one on a Chroma server
+#: runs five at once (the graph's and the lexical cache's loads, and three questions about the
+#: user's sections).
+READ_THREADS = 6
 
 
 def pool_size(candidates: int, limit: int) -> int:
@@ -160,10 +164,15 @@ class Retriever:
 
     def warm(self, user_id: str, query: str) -> Future[list[str]] | None:
         """Start loading what a gathering for the user will read first: a reader thread asks
-        the graph for the query's entities (None without the graph signal). A first read of the
-        user then loads the graph (a file, or a server's snapshot and the records after it)
-        while the caller does something else: context() asks which sections the user has, a
+        the graph for the query's entities (the future returned; None without the graph
+        signal), and another loads the lexical cache if it loads at a first read
+        (:class:`~hybridmem.protocols.Preloading`). A first read of the user then loads the
+        graph (a file, or a server's snapshot and the records after it) and the texts while
+        the caller does something else: context() asks which sections the user has, a
         gathering embeds and searches the query. A failure is the gathering's to raise."""
+        lexical = self._stores.lexical
+        if self.weights.lexical > 0 and isinstance(lexical, Preloading):
+            self.pool().submit(contextvars.copy_context().run, lexical.preload, user_id)
         if not self.weights.graph > 0:
             return None
         return self.pool().submit(contextvars.copy_context().run,

@@ -123,6 +123,13 @@ class ChromaLexicalIndex(ServerCache):
         with self._sync(user_id).lock:
             return self._index.search(user_id, query, limit=limit)
 
+    def preload(self, user_id: str) -> None:
+        """Make the first look at the user now unless it was made (see
+        :class:`~hybridmem.protocols.Preloading`): context() starts it while it asks which
+        sections the user has, so its search finds the cache loaded."""
+        if self._state(user_id).checked is None:
+            self._sync(user_id)
+
     def refresh(self, user_id: str) -> None:
         """Compare every document with the server now (a sweep), whatever the intervals."""
         self._sync(user_id, force=True)
