@@ -550,3 +550,48 @@ def test_leases_that_write_no_text_leave_a_copy_a_record_snapshot_to_load_from(
         loaded = fresh.everything(u)
     assert loaded == a.everything(u) and loaded[5].importance == 0.61
     assert None not in calls  # no listing: the snapshot, and by id what was noted since
+
+
+def test_a_lexical_check_fetches_the_texts_of_noted_memories_only_when_they_changed(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+) -> None:
+    """Leases note every memory they write, and most writes change fields, not texts (access
+    counts above all). A lexical check asks which noted memories it holds still exist and which
+    carry another text hash, and fetches the documents of those only: a field update costs no
+    document, an edit is re-indexed, a forgotten memory dropped."""
+    u = unique_user
+    settings = Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules")
+    index = ChromaLexicalIndex(url=chroma_server, refresh_interval=0.0)
+    index.watch(ChromaLeases(index._handles.client))
+    calls: list[tuple[str, Any, Any]] = []
+    real = Collection.get
+
+    def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        calls.append((self.name, kwargs.get("ids"), kwargs.get("include")))
+        return real(self, *args, **kwargs)
+
+    try:
+        with Memory(settings, embedder=embedder) as a:
+            made = a.add_many(u, [f"Hana ordered the Shop{n} lamp number {n}" for n in range(30)])
+            assert [i for i, _ in index.search(u, "Shop7 lamp", limit=1)] == [made[7].id]
+            for n in range(10):  # fields only
+                a.update(u, made[n].id, importance=0.5 + n / 100)
+            with pytest.MonkeyPatch.context() as patched:
+                patched.setattr(Collection, "get", noted)
+                assert [i for i, _ in index.search(u, "Shop7 lamp", limit=1)] == [made[7].id]
+            fetched = [ids for name, ids, include in calls if _memories(name)
+                       and include == ["documents"]]
+            assert fetched == []
+            a.update(u, made[3].id, text="Hana returned the Qorv kettle")
+            assert a.forget(u, made[4].id) == 1
+            calls.clear()
+            with pytest.MonkeyPatch.context() as patched:
+                patched.setattr(Collection, "get", noted)
+                found = [i for i, _ in index.search(u, "Qorv kettle", limit=5)]
+                assert made[4].id not in [i for i, _ in index.search(u, "Shop4 lamp", limit=30)]
+        assert found == [made[3].id]
+        fetched = [i for name, ids, include in calls if _memories(name)
+                   and include == ["documents"] for i in ids]
+        assert fetched == [made[3].id]
+    finally:
+        index.close()
