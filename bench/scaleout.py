@@ -6,8 +6,8 @@ Two questions, each with its floor measured in the same run:
 1. **What does server mode cost against embedded, per user?** For each ``--sizes`` (memories of
    one user): ``add_many`` throughput (batches of 500; floor: Chroma's own ``add`` of the same
    vectors), a fresh process's first ``context()`` for the user (the process is warmed on another
-   user first, so the figure is the user's load, not the model's; floor: fetching every document
-   of the user from Chroma), ``context()`` p50 of the 39 that follow at once (while the record
+   user first, so the figure is the user's load, not the model's; the median of ``--firsts``
+   processes, the modes in turn; floor: fetching every document of the user from Chroma), ``context()`` p50 of the 39 that follow at once (while the record
    copy loads: from the second context, in both modes; floor: one Chroma vector query), its p50
    when the refresh interval has passed, so the checks of the caches are due, and the p50 of 40
    more once the copy is loaded (*steady*). Every context asks a question of its own.
@@ -23,7 +23,8 @@ Two questions, each with its floor measured in the same run:
 Usage::
 
     python bench/scaleout.py [--sizes 5000 10000] [--workers 4] [--users 200] [--clients 16]
-                             [--seconds 60] [--embedder local] [--skip-modes] [--skip-load]
+                             [--seconds 60] [--embedder local] [--firsts 5] [--skip-modes]
+                             [--skip-load]
 
 Run it with ``PYTHONPATH`` pointing at the tree to measure. Figures: bench/results/scaleout.json.
 """
@@ -61,15 +62,21 @@ from latency import World
 from scaleout import embedder_of, user_collection, chroma_client
 from hybridmem import Memory, Settings
 data_dir, url, embedder = sys.argv[1], sys.argv[2] or None, embedder_of(sys.argv[3])
+only_first = int(sys.argv[5])  # -1: every measure; n >= 0: the first context only, question n
 questions = World().questions(40, 7)
 later = [q for q in dict.fromkeys(World().questions(70, 8)) if q not in questions][:45]
+others = [q for q in dict.fromkeys(World().questions(90, 9)) if q not in questions + later]
 with Memory(Settings(data_dir=data_dir, chroma_url=url, extractor="rules", base_url=None),
             embedder=embedder) as mem:
     mem.add("warm-user", "Warm-up memory about a Dell monitor.")
     mem.context("warm-user", "which monitor?", max_tokens=600)
     t = time.perf_counter()
-    mem.context("bench-user", questions[0], max_tokens=600)
+    mem.context("bench-user", questions[0] if only_first < 0 else others[only_first],
+                max_tokens=600)
     first = time.perf_counter() - t
+    if only_first >= 0:
+        print(json.dumps({"first_context_ms": 1000 * first}))
+        sys.exit(0)
     times = []
     for q in questions[1:]:
         t = time.perf_counter()
@@ -158,26 +165,43 @@ def fill(data_dir: Path, url: str | None, size: int, embedder: str) -> dict[str,
     return {"add_many_per_s": size / spent, "floor_chroma_add_500_per_s": len(vectors) / raw}
 
 
-def probe(data_dir: Path, url: str | None, embedder: str) -> dict[str, float]:
+def probe(data_dir: Path, url: str | None, embedder: str, only_first: int = -1,
+          ) -> dict[str, float]:
+    """A fresh process's measures (see PROBE); with ``only_first`` >= 0, its first context
+    only, asking the question of that number."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMEM_")}
     env["ANONYMIZED_TELEMETRY"] = "False"
     out = subprocess.run([sys.executable, "-c", PROBE, str(data_dir), url or "", embedder,
-                          str(REPO / "bench")], capture_output=True, text=True, env=env,
-                         check=True, timeout=1800)
+                          str(REPO / "bench"), str(only_first)], capture_output=True, text=True,
+                         env=env, check=True, timeout=1800)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def modes(sizes: list[int], embedder: str, root: Path) -> list[dict[str, Any]]:
+def modes(sizes: list[int], embedder: str, root: Path, firsts: int) -> list[dict[str, Any]]:
+    """Per size, both modes filled, each probed by a fresh process, then ``firsts`` - 1 more
+    fresh processes per mode (the modes in turn, each a question of its own) time a first
+    context: a single ~0.15 s cold call on a shared machine moves by a third from run to run,
+    so the first context reported is the median of ``firsts`` processes."""
     rows = []
     for size in sizes:
         row: dict[str, Any] = {"memories": size}
         proc, url = harness.start_chroma(root / f"chroma-{size}")
         try:
-            for mode, where in (("embedded", None), ("server", url)):
+            where = {"embedded": None, "server": url}
+            for mode in ("embedded", "server"):
                 data_dir = root / f"{mode}-{size}"
-                got = fill(data_dir, where, size, embedder)
-                got.update(probe(data_dir, where, embedder))
+                got = fill(data_dir, where[mode], size, embedder)
+                got.update(probe(data_dir, where[mode], embedder))
                 row[mode] = got
+            samples = {m: [row[m]["first_context_ms"]] for m in where}
+            for n in range(firsts - 1):
+                for mode in where:
+                    samples[mode].append(probe(root / f"{mode}-{size}", where[mode], embedder,
+                                               only_first=n)["first_context_ms"])
+            for mode in where:
+                got = row[mode]
+                got["first_context_ms"] = statistics.median(samples[mode])
+                row[f"{mode}_first_context_samples_ms"] = [round(x, 1) for x in samples[mode]]
                 print(f"{size:>6} {mode:<9} " + "  ".join(f"{k}={v:.1f}" for k, v in got.items()),
                       flush=True)
         finally:
@@ -264,6 +288,8 @@ def main() -> None:
     parser.add_argument("--embedder", default="local", choices=["local", "hash"])
     parser.add_argument("--skip-modes", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument("--firsts", type=int, default=5,
+                        help="fresh processes per mode whose first context is timed (median)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     results: dict[str, Any] = {"git": git_info(), "machine": machine_info(
@@ -272,7 +298,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hm-scaleout-") as tmp:
         root = Path(tmp)
         if not args.skip_modes:
-            results["modes"] = modes(args.sizes, args.embedder, root)
+            results["modes"] = modes(args.sizes, args.embedder, root, max(1, args.firsts))
         if not args.skip_load:
             results["load"] = load(args, root)
             print(json.dumps(results["load"], indent=1), flush=True)
