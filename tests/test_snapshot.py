@@ -244,17 +244,23 @@ def test_a_finished_mark_names_its_snapshot_and_makes_its_lease_final(
         _chroma.close_client(client)
 
 
+def _writer_and_reader(url: str) -> tuple[ChromaGraphStore, WriteLocks, ChromaGraphStore]:
+    """A graph store that writes under leases (settling as they end), its write locks, and a
+    second process's store that follows the same leases."""
+    store = ChromaGraphStore(url=url)
+    leases = ChromaLeases(store._handles.client)
+    store.watch(leases)
+    fresh = ChromaGraphStore(url=url)
+    fresh.watch(ChromaLeases(fresh._handles.client))
+    return store, WriteLocks(leases, settle=store.settle), fresh
+
+
 def test_a_snapshot_followed_by_graph_writes_in_its_lease_is_not_marked_finished(
         chroma_server: str, unique_user: str) -> None:
     """A graph write after the snapshot, in the same lease, leaves it unmarked: a fresh first
     look then asks for that lease's records too, and finds the late one."""
     u = unique_user
-    store = ChromaGraphStore(url=chroma_server)
-    leases = ChromaLeases(store._handles.client)
-    store.watch(leases)
-    locks = WriteLocks(leases, settle=store.settle)
-    fresh = ChromaGraphStore(url=chroma_server)
-    fresh.watch(ChromaLeases(fresh._handles.client))
+    store, locks, fresh = _writer_and_reader(chroma_server)
     try:
         with locks(u):
             store.add_extractions(u, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
@@ -278,12 +284,7 @@ def test_an_imported_graph_replaces_the_snapshot_it_no_longer_matches(
     them: the importing process's own first look (its cache was dropped) and a fresh one
     build the imported graph only, not the snapshot's."""
     u = unique_user
-    store = ChromaGraphStore(url=chroma_server)
-    leases = ChromaLeases(store._handles.client)
-    store.watch(leases)
-    locks = WriteLocks(leases, settle=store.settle)
-    fresh = ChromaGraphStore(url=chroma_server)
-    fresh.watch(ChromaLeases(fresh._handles.client))
+    store, locks, fresh = _writer_and_reader(chroma_server)
     scratch = NetworkXGraphStore(None)
     try:
         with locks(u):  # a snapshot, marked as its lease's last graph write
