@@ -212,11 +212,17 @@ class ChromaLexicalIndex(ServerCache):
 
     def _existing(self, user_id: str, ids: Sequence[str]) -> set[str]:
         """Those of ``ids`` the server holds (ids only: the cheapest read by id)."""
+        return self._found(user_id, ids, lambda part: None)
+
+    def _found(self, user_id: str, ids: Sequence[str],
+               where: Callable[[Sequence[str]], Where | None]) -> set[str]:
+        """Those of ``ids`` the server holds that match ``where(chunk)``, asked in chunks of
+        :data:`STALE_CHUNK` ids (ids come back, nothing else)."""
         found: set[str] = set()
         for lo in range(0, len(ids), STALE_CHUNK):
-            part = list(ids[lo : lo + STALE_CHUNK])
-            for got in self._each(user_id, "list the memories",
-                                  lambda c: c.get(ids=part, include=[])):
+            part, cond = list(ids[lo : lo + STALE_CHUNK]), where(ids[lo : lo + STALE_CHUNK])
+            for got in self._each(user_id, "check the cached texts",
+                                  lambda c: c.get(ids=part, where=cond, include=[])):
                 found.update(got["ids"])
         return found
 
@@ -315,17 +321,12 @@ class ChromaLexicalIndex(ServerCache):
         ``text_hash`` is none of the chunk's hashes. (A text changed to exactly the text of
         another memory of the same chunk keeps a known hash and is not found; the next sweep
         re-indexes it.)"""
-        found: set[str] = set()
-        ids = sorted(hashes)
-        for lo in range(0, len(ids), STALE_CHUNK):
-            part = ids[lo : lo + STALE_CHUNK]
+        def where(part: Sequence[str]) -> Where:
             among: dict[Literal["$in", "$nin"], list[str | int | float | bool]] = {
                 "$nin": sorted({hashes[i] for i in part})}
-            where: Where = {"text_hash": among}
-            for got in self._each(user_id, "check the text snapshot",
-                                  lambda c: c.get(ids=part, where=where, include=[])):
-                found.update(got["ids"])
-        return found
+            return {"text_hash": among}
+
+        return self._found(user_id, sorted(hashes), where)
 
     def _read_texts(self, user_id: str) -> snapshot.Texts | None:
         try:
