@@ -223,8 +223,11 @@ def test_the_graph_and_lexical_checks_fetch_only_what_the_slots_list(
     lexical = ChromaLexicalIndex(url=chroma_server, refresh_interval=0.0)
     graph = ChromaGraphStore(url=chroma_server, refresh_interval=0.0)
     try:
+        # b without the topic signal: its name filler reads the graph in the background, and a
+        # check made there would fetch the new records outside the calls noted below
         with Memory(settings, embedder=embedder) as a, Memory(
-                Settings(data_dir=tmp_path / "b", chroma_url=chroma_server, extractor="rules"),
+                Settings(data_dir=tmp_path / "b", chroma_url=chroma_server, extractor="rules",
+                         graph_topic=0.0),
                 embedder=embedder, lexical_index=lexical, graph_store=graph) as b:
             a.add_many(u, [f"Gina bought the Shop{n} tent number {n}" for n in range(30)])
             assert b.search(u, "tent number 3")  # b's first look lists everything
