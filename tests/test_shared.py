@@ -86,10 +86,13 @@ def test_records_are_per_write_and_never_rewritten(chroma_server: str, unique_us
     got = side(chroma_server, unique_user).get(include=["documents", "metadatas"])
     assert len(got["ids"]) == 2 and all(i.startswith("m1~") for i in got["ids"])
     assert {m["memory_id"] for m in got["metadatas"]} == {"m1"}
-    assert all(i.endswith(m["token"]) for i, m in zip(got["ids"], got["metadatas"]))
-    # the extraction is a metadata value: Chroma full-text-indexes documents, nobody searches these
+    # two metadata keys (the server indexes each) and no document (Chroma full-text-indexes
+    # documents, nobody searches these)
+    assert all(set(m) == {"memory_id", "record"} for m in got["metadatas"])
     assert got["documents"] == [None, None]
-    assert Extraction.model_validate_json(got["metadatas"][0]["extraction"]).extractor == "test"
+    records = [json.loads(m["record"]) for m in got["metadatas"]]
+    assert all(set(r) == {"ts", "prev", "extraction"} for r in records)
+    assert {Extraction.model_validate(r["extraction"]).extractor for r in records} == {"test"}
     assert [r.predicate for r in store.relations(unique_user)] == ["bought", "returned"]
     store.close()
 
@@ -116,7 +119,7 @@ def test_a_memory_that_loses_a_record_is_replayed(chroma_server: str, unique_use
     records = side(chroma_server, unique_user)
     first = records.get(include=["metadatas"])
     bought = next(i for i, m in zip(first["ids"], first["metadatas"])
-                  if "bought" in m["extraction"])
+                  if "bought" in m["record"])
     records.delete(ids=[bought])  # as if another process removed one write
     assert [r.predicate for r in a.relations(unique_user)] == ["returned"]
     records.upsert(ids=["m2~feed"], documents=["not json"], embeddings=[[1.0]],
@@ -125,23 +128,53 @@ def test_a_memory_that_loses_a_record_is_replayed(chroma_server: str, unique_use
     a.close()
 
 
+def test_records_that_do_not_parse_are_skipped_and_bad_times_read_as_unknown(
+    chroma_server: str, unique_user: str
+) -> None:
+    """A record whose JSON or extraction does not parse is skipped (logged); one whose time is
+    not a usable number is replayed without a time, never failing the check."""
+    good = ex(("alice", "bought", "ROG laptop")).model_dump_json()
+    side_records = {
+        "m1~bad1": "not json", "m2~bad2": "[1, 2]",
+        "m3~bad3": '{"ts": 1.0, "prev": "", "extraction": {"entities": "x"}}',
+        "m4~ok": '{"ts": Infinity, "prev": 7, "extraction": ' + good + "}",
+        "m5~ok": '{"ts": true, "extraction": ' + good + "}",
+    }
+    writer = ChromaGraphStore(url=chroma_server)
+    writer.add_extraction(unique_user, "m0", ex(("bob", "bought", "mouse")))
+    side(chroma_server, unique_user).add(
+        ids=list(side_records), embeddings=[[1.0]] * len(side_records),
+        metadatas=[{"memory_id": i.partition("~")[0], "record": r}
+                   for i, r in side_records.items()])
+    reader = ChromaGraphStore(url=chroma_server, refresh_interval=0)
+    assert edges(reader, unique_user) == [("alice", "bought", "rog laptop", ["m4", "m5"]),
+                                          ("bob", "bought", "mouse", ["m0"])]
+    writer.close(), reader.close()
+
+
 def test_records_with_the_extraction_in_the_document_are_replayed(
     chroma_server: str, unique_user: str
 ) -> None:
-    """Graph records of the earlier layout (the extraction JSON as the document, no
-    ``extraction`` metadata) replay like the current ones, beside them."""
+    """Graph records of the earlier layouts (the extraction JSON as the document; or the
+    extraction, time and previous memory as metadata keys of their own) replay like the
+    current ones, beside them, episodic link included."""
     writer = ChromaGraphStore(url=chroma_server)
     writer.add_extraction(unique_user, "m2", ex(("bob", "bought", "mouse")))
-    old = ex(("alice", "bought", "ROG laptop"))
+    old, older = ex(("carol", "sold", "old monitor")), ex(("alice", "bought", "ROG laptop"))
     side(chroma_server, unique_user).add(
-        ids=["m1~0ld"], documents=[old.model_dump_json()], embeddings=[[1.0]],
-        metadatas=[{"memory_id": "m1", "token": "0ld", "ts": 1.0e9, "prev": ""}])
+        ids=["m1~0ld", "m3~0ld"], documents=[older.model_dump_json(), None],
+        embeddings=[[1.0], [1.0]],
+        metadatas=[{"memory_id": "m1", "token": "0ld", "ts": 1.0e9, "prev": ""},
+                   {"memory_id": "m3", "token": "0ld", "ts": 1.1e9, "prev": "m1",
+                    "extraction": old.model_dump_json()}])
     reader = ChromaGraphStore(url=chroma_server, refresh_interval=0)
     assert edges(reader, unique_user) == [("alice", "bought", "rog laptop", ["m1"]),
-                                          ("bob", "bought", "mouse", ["m2"])]
-    reader.remove_memory(unique_user, ["m1"])
+                                          ("bob", "bought", "mouse", ["m2"]),
+                                          ("carol", "sold", "old monitor", ["m3"])]
+    assert reader.graph(unique_user).graph["next"]["m1"] == "m3"
+    reader.remove_memory(unique_user, ["m1", "m3"])
     assert edges(reader, unique_user) == [("bob", "bought", "mouse", ["m2"])]
-    assert side(chroma_server, unique_user).get(ids=["m1~0ld"])["ids"] == []
+    assert side(chroma_server, unique_user).get(ids=["m1~0ld", "m3~0ld"])["ids"] == []
     writer.close(), reader.close()
 
 

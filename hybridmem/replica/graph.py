@@ -19,6 +19,7 @@ process dropped are :mod:`hybridmem.chroma.client`'s, shared with the vector sto
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import time
 import uuid
@@ -63,7 +64,12 @@ SCHEMA = 1
 #: separator is the right one even if an imported memory id contains it).
 SEP = "~"
 _UNIT = [1.0]  # Chroma wants a vector per record; side records are never searched by vector
-#: The metadata key holding a graph record's extraction as JSON.
+#: The metadata key holding a graph record as JSON: ``{"ts", "prev", "extraction"}``.
+RECORD = "record"
+#: Record times at or beyond this many epoch seconds (year 9999) are read as unknown.
+LAST_TS = 253402300800.0
+#: The metadata key of the earlier layout holding the extraction alone (``ts`` and ``prev``
+#: beside it).
 EXTRACTION = "extraction"
 #: Records added or removed past the last snapshot before the writer stores a new one: a first
 #: read replays at most about this many (see :func:`hybridmem.replica.snapshot.due`).
@@ -72,6 +78,28 @@ SNAPSHOT_TAIL = 256
 
 def _memory_of(record_id: str) -> str:
     return record_id.rpartition(SEP)[0]
+
+
+def _fields(meta: Mapping[str, Any], doc: str | None) -> tuple[float, str, Any]:
+    """(time, previous memory id, extraction: a parsed object, or JSON text to parse) of a graph
+    record's metadata and document, whichever layout wrote it (see :class:`ChromaGraphStore`).
+    What does not parse comes back as text that fails to validate, so the record is skipped."""
+    record = meta.get(RECORD)
+    if isinstance(record, str):
+        try:
+            parsed = json.loads(record)
+        except ValueError:
+            return 0.0, "", record
+        if not isinstance(parsed, dict):
+            return 0.0, "", record
+        ts, prev, data = parsed.get("ts"), parsed.get("prev"), parsed.get("extraction")
+        data = data if isinstance(data, dict) else record
+    else:
+        ts, prev, data = meta.get("ts"), meta.get("prev"), meta.get(EXTRACTION)
+        data = data if isinstance(data, str) and data else doc or ""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not abs(ts) < LAST_TS:
+        ts = 0.0  # (NaN fails the comparison too)
+    return float(ts), prev if isinstance(prev, str) else "", data
 
 
 def _snapshots(user_id: str) -> str:
@@ -88,12 +116,16 @@ class ChromaGraphStore(ServerCache):
     """:class:`~hybridmem.protocols.GraphStore` for server mode: extraction records in Chroma, the
     graph a per-process cache rebuilt from them.
 
-    A record: id ``<memory id>~<token>`` (a fresh uuid per write), no document, metadata
-    ``extraction`` (the extraction JSON), ``memory_id``, ``token`` and ``ts`` (epoch seconds:
-    first/last seen, so every process derives the same times). The extraction is a metadata
-    value because Chroma indexes every document for full-text search, at about three times the
-    cost of the same bytes as metadata (see :mod:`hybridmem.replica.snapshot`); a record without
-    ``extraction`` is read as the layout of earlier versions, the JSON in its document. Like
+    A record: id ``<memory id>~<token>`` (a fresh uuid per write), no document, and two
+    metadata keys: ``memory_id`` (what deletes filter on) and ``record``, one JSON object with
+    ``ts`` (epoch seconds: first/last seen, so every process derives the same times), ``prev``
+    (see :meth:`add_extractions`) and ``extraction``. Two keys because the server indexes every
+    metadata key of every record: a batch of 500 records cost it ~0.1 s with five keys, ~0.06 s
+    with two, and the upload overlaps the resolving of the batch only when it is the shorter.
+    The extraction is in metadata because Chroma indexes every document for full-text search,
+    at about three times the cost of the same bytes as metadata (see
+    :mod:`hybridmem.replica.snapshot`). Records of earlier layouts are read too: ``extraction``,
+    ``ts`` and ``prev`` as keys of their own, or the extraction JSON as the document. Like
     :class:`~hybridmem.graph.store.NetworkXGraphStore`, adding is additive and removing a memory
     removes all its records. A check lists record ids; new ones are
     fetched and replayed, and a memory that lost records is removed and replayed from what is left.
@@ -131,10 +163,11 @@ class ChromaGraphStore(ServerCache):
             before = {} if links is False else {b: a for a, b in links}
         tokens = [uuid.uuid4().hex for _ in items]
         ids = [f"{mid}{SEP}{tok}" for (mid, _), tok in zip(items, tokens)]
+        stamp = json.dumps(when.timestamp())
         metas: list[Metadata] = [
-            {"memory_id": mid, "token": tok, "ts": when.timestamp(), "prev": before.get(mid, ""),
-             EXTRACTION: e.model_dump_json()}
-            for (mid, e), tok in zip(items, tokens)
+            {"memory_id": mid, RECORD: f'{{"ts":{stamp},"prev":{json.dumps(before.get(mid, ""))},'
+                                       f'"extraction":{e.model_dump_json()}}}'}
+            for mid, e in items
         ]
         units: list[PyEmbedding] = [_UNIT] * len(ids)
         st = self._state(user_id)
@@ -446,7 +479,7 @@ class ChromaGraphStore(ServerCache):
         """Replay new records; memories that lost records are removed and replayed from the rest."""
         rebuild = {_memory_of(r) for r in gone}
         wanted = new | {r for r in remote & st.record_ids if _memory_of(r) in rebuild}
-        rows: list[tuple[float, str, str, str]] = []
+        rows: list[tuple[float, str, Any, str]] = []
         for part in chunks(sorted(wanted)):
             got = self._run(user_id, "read graph records", lambda c: c.get(
                 ids=list(part), include=["documents", "metadatas"]
@@ -454,18 +487,16 @@ class ChromaGraphStore(ServerCache):
             if not got:
                 continue
             for rid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or []):
-                ts, prev = (meta or {}).get("ts"), (meta or {}).get("prev")
-                data = (meta or {}).get(EXTRACTION)
-                rows.append((float(ts) if isinstance(ts, (int, float)) else 0.0, rid,
-                             data if isinstance(data, str) and data else doc or "",
-                             prev if isinstance(prev, str) else ""))
+                rows.append((*_fields(meta or {}, doc), rid))
         if rebuild:
             self._cache.remove_memory(user_id, sorted(rebuild))
             st.record_ids = {r for r in st.record_ids if _memory_of(r) not in rebuild}
         st.since_snap += len(new) + len(rebuild)
-        for ts, rid, doc, prev in sorted(rows):  # write order, so every process replays alike
+        rows.sort(key=lambda row: (row[0], row[3]))  # write order: every process replays alike
+        for ts, prev, data, rid in rows:
             try:
-                extraction = Extraction.model_validate_json(doc)
+                extraction = (Extraction.model_validate(data) if isinstance(data, dict)
+                              else Extraction.model_validate_json(data))
             except ValueError:
                 log.warning("skipping an unreadable graph record %s", rid)
             else:
