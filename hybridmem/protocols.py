@@ -53,6 +53,7 @@ __all__ = [
     "Settling",
     "StoreReport",
     "TokenCounter",
+    "FIELDS_NOTE",
     "GRAPH_NOTE",
     "SNAPSHOT_AGE",
     "VectorHit",
@@ -489,6 +490,14 @@ class WriteSlot:
 
 #: How a graph record's id starts in a lease's note (memory ids, which notes list bare, are hex).
 GRAPH_NOTE = "g:"
+#: How a lease's note marks a memory whose fields only it changed (:meth:`VectorStore.update`:
+#: access counts, supersession, importance), never its text. The memory's bare id is listed
+#: too, so a reader that follows records refreshes it as before; one that follows texts (the
+#: lexical cache) skips it: a process that answered 90 contexts notes ~2,000 access counts as
+#: it closes, which every other process's lexical check compared again, text hash by text hash.
+#: The mark starts with a control character, which no memory id may hold; a reader of an
+#: earlier release takes it for an id it does not find.
+FIELDS_NOTE = "\x1ff:"
 #: Leases after which a snapshot is stored again at the next lease end, even if little was
 #: written since (server mode: record, graph and text snapshots). A snapshot names the lease it
 #: was written under, and a first look from it reads the notes of the lease slots after that
@@ -514,9 +523,11 @@ class WriteLog(Protocol):
         """The memory ids each released slot's holder wrote; None for a slot that does not say
         (a holder that wrote too many to list, or a slot since removed)."""
 
-    def note(self, user_id: str, ids: Sequence[str]) -> None:
+    def note(self, user_id: str, ids: Sequence[str], *, fields_only: bool = False) -> None:
         """Remember that this process wrote ``ids`` under the user's lease it holds now:
-        memory ids, and graph record ids after :data:`GRAPH_NOTE`."""
+        memory ids, and graph record ids after :data:`GRAPH_NOTE`. ``fields_only``: the write
+        changed no text (the release marks those ids with :data:`FIELDS_NOTE` unless the lease
+        also wrote them otherwise)."""
 
     def holding(self, user_id: str) -> tuple[int, str] | None:
         """(slot number, owner token) of the user's lease this process holds now, else None: a

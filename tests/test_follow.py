@@ -18,6 +18,7 @@ from hybridmem.chroma import follow as follow_module
 from hybridmem.chroma import vector as vector_module
 from hybridmem.chroma.vector import ChromaVectorStore
 from hybridmem.filters import eq
+from hybridmem.protocols import FIELDS_NOTE
 from hybridmem.models import MemoryItem
 from hybridmem.offline import HashEmbedder, LocalEmbedder
 from hybridmem.replica import lease as lease_module
@@ -255,6 +256,59 @@ def test_the_graph_and_lexical_checks_fetch_only_what_the_slots_list(
     finally:
         lexical.close()
         graph.close()
+
+
+def test_a_lease_marks_memories_whose_fields_only_it_changed(
+    process: Any, unique_user: str
+) -> None:
+    """A release lists every memory written, and marks those only updated (fields, never the
+    text); a memory also written otherwise in the same lease is not marked."""
+    u = unique_user
+    a, b = process(), process()
+    a.put(u, [item(u, "t1", "one"), item(u, "t2", "two"), item(u, "t3", "three")])
+    with a.locks(u):
+        a.store.update(u, [item(u, "t1", "one", importance=0.9),
+                           item(u, "t2", "two", importance=0.9)])
+        a.store.upsert(u, [item(u, "t2", "two, rewritten")], EMB.embed_batch(["two, rewritten"]))
+    slots = b.leases.slots(u, fresh=True)
+    assert slots is not None
+    noted = b.leases.changed(u, [max(slots)])[max(slots)]
+    assert noted == {"t1", "t2", FIELDS_NOTE + "t1"}
+    assert follow_module.noted_memories(noted) == {"t1", "t2"}
+    assert follow_module.noted_texts(noted) == {"t2"}
+
+
+def test_fields_only_updates_cost_the_lexical_check_no_read_of_texts(
+    chroma_server: str, tmp_path: Any, embedder: LocalEmbedder, unique_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process's updates of fields (importance here; access counts alike) make the
+    lexical check read the slots and nothing of the memories, while the record copy still
+    follows the new values."""
+    monkeypatch.setattr(lease_module, "SHARE", 0.0)  # each check reads the slots itself
+    u = unique_user
+    lexical = ChromaLexicalIndex(url=chroma_server, refresh_interval=0.0)
+    with Memory(Settings(data_dir=tmp_path / "a", chroma_url=chroma_server, extractor="rules"),
+                embedder=embedder) as a, Memory(
+            Settings(data_dir=tmp_path / "b", chroma_url=chroma_server, extractor="rules"),
+            embedder=embedder, lexical_index=lexical) as b:
+        stored = a.add_many(u, [f"Hana bought the Lumo lamp number {n}" for n in range(12)])
+        assert b.search(u, "Lumo lamp number 3")  # b's first look
+        for memory in stored[:5]:
+            a.update(u, memory.id, importance=0.95)
+        calls: list[str] = []
+        real = Collection.get
+
+        def noted(self: Collection, *args: Any, **kwargs: Any) -> Any:
+            calls.append(self.name)
+            return real(self, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as watch:
+            watch.setattr(Collection, "get", noted)
+            assert lexical.search(u, "Lumo lamp number 4", limit=3)  # a check falls due
+        assert calls and not [name for name in calls if _memories(name)]
+        b.refresh(u)
+        assert all(b.get(u, m.id).importance == 0.95 for m in stored[:5])
 
 
 def test_checks_falling_due_together_share_one_read_of_the_slots(

@@ -32,13 +32,13 @@ Consistency (the rules of the graph and lexical replicas, see docs/server-mode.m
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hybridmem.chroma.record_cache import UserRecords
-from hybridmem.protocols import GRAPH_NOTE, SNAPSHOT_AGE, WriteLog, WriteSlot
+from hybridmem.protocols import FIELDS_NOTE, GRAPH_NOTE, SNAPSHOT_AGE, WriteLog, WriteSlot
 
-__all__ = ["Follower", "missed", "written", "written_since"]
+__all__ = ["Follower", "missed", "noted_memories", "noted_texts", "written", "written_since"]
 
 #: ``UserRecords.checked`` of a copy that a read found lacking (see Follower.distrust).
 STALE = float("-inf")
@@ -88,11 +88,23 @@ class Follower:
         noted = written(self.log, user_id, seen, now)
         if noted is None:
             return False
-        wrote = {i for i in noted if not i.startswith(GRAPH_NOTE)}
+        wrote = noted_memories(noted)
         if wrote:
             apply(records, sorted(wrote), fetch)
         records.base, records.checked = now, started
         return True
+
+
+def noted_memories(noted: Iterable[str]) -> set[str]:
+    """The memory ids that lease notes list (graph records and marks left out)."""
+    return {i for i in noted if not i.startswith((GRAPH_NOTE, FIELDS_NOTE))}
+
+
+def noted_texts(noted: Iterable[str]) -> set[str]:
+    """The memory ids whose text the noting leases may have changed: those listed, less those
+    marked as changed in their fields only (see :data:`~hybridmem.protocols.FIELDS_NOTE`)."""
+    marked = {i[len(FIELDS_NOTE):] for i in noted if i.startswith(FIELDS_NOTE)}
+    return noted_memories(noted) - marked
 
 
 def apply(records: UserRecords, ids: list[str], fetch: Fetch) -> None:

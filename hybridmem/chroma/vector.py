@@ -50,7 +50,7 @@ from hybridmem.runtime.process import scrub_freed_heap
 from hybridmem.chroma.layout import rows as _rows
 from hybridmem.chroma.layout import (Record, archived, compile_where, matches, parts_of, resolve,
                                residual, stored, to_item, to_record)
-from hybridmem.chroma.follow import Follower, aged, written_since
+from hybridmem.chroma.follow import Follower, aged, noted_memories, written_since
 from hybridmem.chroma.purge import MARKER, Compactor, purge_embedded
 from hybridmem.chroma.record_cache import RecordCache, RecordLoading, UserRecords
 from hybridmem.chroma.reembed import reembed_user
@@ -58,7 +58,7 @@ from hybridmem.chroma.repair import Repair, Vetting
 from hybridmem.errors import ClosedError, EmbedderMismatchError, InvalidInputError, StorageError
 from hybridmem.filters import AllOf, Condition, Filter
 from hybridmem.models import MemoryItem
-from hybridmem.protocols import (GRAPH_NOTE, RecordSnapshot, RecordSnapshots, StoreReport,
+from hybridmem.protocols import (RecordSnapshot, RecordSnapshots, StoreReport,
                                  VectorHit, WriteLog)
 
 if TYPE_CHECKING:
@@ -323,10 +323,11 @@ class ChromaVectorStore:
         return self._both_rows(user_id, lambda c: c.get(
             ids=ids, include=["documents", "metadatas"]))[0]
 
-    def _noted(self, user_id: str, ids: Sequence[str]) -> None:
-        """Tell the write log (server mode) which memories this store just wrote."""
+    def _noted(self, user_id: str, ids: Sequence[str], *, fields_only: bool = False) -> None:
+        """Tell the write log (server mode) which memories this store is about to write
+        (``fields_only``: an update, which keeps their texts)."""
         if self._follower is not None:
-            self._follower.log.note(user_id, ids)
+            self._follower.log.note(user_id, ids, fields_only=fields_only)
 
     def _load(self, user_id: str) -> UserRecords:
         """Every record of both collections (a copy an interrupted move left twice is resolved
@@ -362,7 +363,7 @@ class ChromaVectorStore:
         noted = written_since(self._follower.log, user_id, got.at, records.base)
         if noted is None:
             return False
-        tail = sorted(i for i in noted if not i.startswith(GRAPH_NOTE))
+        tail = sorted(noted_memories(noted))
         found: dict[str, tuple[str, Mapping[str, Any]]] = {}
         for lo in range(0, len(tail), TAIL_CHUNK):
             found.update(self._server_rows(user_id, tail[lo : lo + TAIL_CHUNK]))
@@ -457,7 +458,7 @@ class ChromaVectorStore:
             return
         records = self._records_of(user_id, items)
         with self._user_lock.hold(user_id), self._coherent(user_id):
-            self._noted(user_id, [i.id for i in items])  # first: a write that fails part way is noted too
+            self._noted(user_id, [i.id for i in items], fields_only=True)  # first: see upsert
             placed = self._placed(user_id, [i.id for i in items])
             where = {i: self._where_is(placed, i) for i in placed}
             for archive in (False, True):

@@ -37,7 +37,9 @@ JSON is ~0.1 MB compressed). A held slot without ``intent`` is read as the layou
 versions, the intent in its document.
 
 **What a holder wrote.** Releasing writes into the slot's document the ids of the memories its
-holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them. A process
+holder wrote (:meth:`ChromaLeases.note`), or ``*`` past :data:`MAX_NOTED` of them; a memory
+whose fields only it changed is listed once more, marked (:data:`~hybridmem.protocols.FIELDS_NOTE`),
+so a reader that follows texts skips it. A process
 that keeps a copy of the user's records (:mod:`hybridmem.chroma.follow`) reads the slots taken
 since its last look and fetches just those memories: O(changes) per check, whatever the user's
 size. Slots are tidied away only :data:`STALE_SLOTS` at a time and the last :data:`KEEP_SLOTS`
@@ -70,7 +72,7 @@ from hybridmem.chroma import client as _chroma
 from hybridmem.runtime.files import user_key
 from hybridmem.runtime.locks import UserLocks
 from hybridmem.errors import CorruptStateError, StorageError, StoreBusyError
-from hybridmem.protocols import SNAPSHOT_AGE, WriteSlot
+from hybridmem.protocols import FIELDS_NOTE, SNAPSHOT_AGE, WriteSlot
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI
@@ -128,6 +130,8 @@ class Lease:
     renewed: float = field(default_factory=time.monotonic)  # when its expiry was last pushed
     #: the memory ids written under it (see ChromaLeases.note), told to readers at the release
     wrote: set[str] = field(default_factory=set)
+    #: those of them written otherwise than by a fields-only update (the rest are marked)
+    texts: set[str] = field(default_factory=set)
 
 
 class ChromaLeases:
@@ -263,13 +267,16 @@ class ChromaLeases:
                         "expires": time.time() + self.ttl, INTENT: _pack(intent)}]))
         lease.renewed = renewed
 
-    def note(self, user_id: str, ids: Sequence[str]) -> None:
+    def note(self, user_id: str, ids: Sequence[str], *, fields_only: bool = False) -> None:
         """Remember that ``ids`` were written under the user's lease this store holds (the
-        vector store calls this after each write); the release tells readers."""
+        vector store calls this before each write); the release tells readers, marking those
+        only ever written ``fields_only`` (see :data:`~hybridmem.protocols.FIELDS_NOTE`)."""
         with self._guard:
             lease = self._holding.get(user_key(user_id))
             if lease is not None:
                 lease.wrote.update(ids)
+                if not fields_only:
+                    lease.texts.update(ids)
 
     def holding(self, user_id: str) -> tuple[int, str] | None:
         """(slot, owner token) of the user's lease this store holds now, else None."""
@@ -324,8 +331,9 @@ class ChromaLeases:
                 del self._holding[user_key(lease.user_id)]
         unit: list[PyEmbedding] = [_UNIT]
         fresh = time.monotonic() - lease.renewed <= self.ttl / 2  # surely still its holder
+        listed = sorted(lease.wrote) + sorted(FIELDS_NOTE + i for i in lease.wrote - lease.texts)
         wrote = (NOTE + "*" if len(lease.wrote) > MAX_NOTED
-                 else NOTE + json.dumps(sorted(lease.wrote), separators=(",", ":")))
+                 else NOTE + json.dumps(listed, separators=(",", ":")))
 
         def free(c: Collection) -> None:
             if not fresh:

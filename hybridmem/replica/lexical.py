@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hybridmem.chroma import client as _chroma
 from hybridmem.errors import ConfigError, StorageError
-from hybridmem.chroma.follow import aged, written_since
-from hybridmem.protocols import GRAPH_NOTE, WriteSlot
+from hybridmem.chroma.follow import aged, noted_texts, written_since
+from hybridmem.protocols import WriteSlot
 from hybridmem.replica import snapshot
 from hybridmem.replica.sync import REFRESH_INTERVAL, ServerCache, UserSync, chunks
 from hybridmem.sqlite.lexical import SqliteLexicalIndex
@@ -163,7 +163,7 @@ class ChromaLexicalIndex(ServerCache):
             if noted is None and now:  # exact, edits included: compare every text
                 sweep = True
             if noted is not None:  # what the slots list: O(changes), edits included
-                self._catch_up(user_id, st, sorted(i for i in noted if GRAPH_NOTE not in i))
+                self._catch_up(user_id, st, sorted(noted_texts(noted)))
                 st.checked, st.marker, st.slots = started, marker, view
                 return st
             changed: dict[str, str] = {}
@@ -251,7 +251,7 @@ class ChromaLexicalIndex(ServerCache):
             remote = self._remote_ids(user_id)
             kept = {i: h for i, h in got.hashes.items() if i in remote}
             noted = (remote ^ got.hashes.keys()) | self._stale(user_id, kept)
-        fetch = sorted({i for i in noted if GRAPH_NOTE not in i}.union(own))
+        fetch = sorted(noted_texts(noted).union(own))
         self._catch_up(user_id, st, fetch)
         st.texts = snapshot.Texts(snap=got.snap, hashes=got.hashes, at=got.at)
         log.debug("lexical cache: %d texts from snapshot %s, %d fetched", len(got.hashes),
