@@ -616,7 +616,8 @@ class Memory:
         validate_limit(limit)
         floor = self._min_score(min_score)
         when = validate_as_of(as_of)
-        warmed = self._retriever.warm(user_id, query)  # the graph loads meanwhile
+        # the graph loads, and the query is embedded, while the sections are asked for
+        warmed = self._retriever.warm(user_id, query, embed=True)
         # about now, every section below shows current memories only: so the question is
         has_facts, has_episodes, has_procedures = self._extras.of(
             user_id, current=when is None, pool=self._retriever.pool())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -63,3 +64,39 @@ def test_a_search_fetches_a_pool_deeper_than_its_limit(candidates: int, limit: i
     assert pool <= max(candidates, 2 * limit)
     assert retrieval.pool_size(50, 10) == 50 and retrieval.pool_size(50, 30) == 60
     assert retrieval.pool_size(50, 100) == 200 and retrieval.pool_size(50, 1000) == 1500
+
+
+def test_context_embeds_the_query_once_while_it_asks_which_sections_the_user_has(
+    tmp_path: Path
+) -> None:
+    """context() asks the vector store which sections the user has (three metadata scans,
+    round trips on a Chroma server) while a reader thread embeds the query: the scans find it
+    being embedded, and the gathering reuses that one embedding."""
+    from hybridmem import Memory, Settings
+
+    question = "which lamp did Ida buy?"
+    embedded = threading.Event()
+    calls: list[list[str]] = []
+
+    class Watched(HashEmbedder):
+        def embed_batch(self, texts: Sequence[str]) -> list[list[float]]:
+            calls.append(list(texts))
+            if question in texts:
+                embedded.set()
+            return super().embed_batch(texts)
+
+    with Memory(Settings(data_dir=tmp_path, extractor="rules"), embedder=Watched()) as mem:
+        mem.add("u", "Ida bought the Lumo lamp.")
+        vectors = mem._stores.vectors
+        real = vectors.list
+        met: list[bool] = []
+
+        def scan(*args: object, **kwargs: object) -> object:
+            met.append(embedded.wait(10.0))  # a bound for the failure, not a timing
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vectors, "list", scan)
+            assert "Lumo lamp" in mem.context("u", question).text
+    assert met and all(met)
+    assert sum(question in batch for batch in calls) == 1

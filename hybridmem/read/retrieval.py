@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 
 from hybridmem.config import Settings
@@ -29,7 +30,7 @@ from hybridmem.read.ranking import (Candidate, Weights, best, breakdown, explain
 from hybridmem.stores import Stores
 
 __all__ = ["GRAPH_SEED_HITS", "NAME_VECTORS", "POOL_EXTRA", "POOL_PER_LIMIT", "QUERY_CACHE",
-           "NameVectors", "QueryBatcher", "Retriever", "pool_size"]
+           "NameVectors", "QueryBatcher", "Retriever", "Warmed", "pool_size"]
 
 #: How many of the top hits lend their relations to context() (graph search uses graph_seeds).
 GRAPH_SEED_HITS = 5
@@ -112,6 +113,15 @@ class QueryBatcher:
         return mine.result()
 
 
+@dataclass(frozen=True)
+class Warmed:
+    """What :meth:`Retriever.warm` started for a gathering: the query's embedding and the
+    graph's entities of the query (None: not started)."""
+
+    vector: Future[list[float]] | None
+    entities: Future[list[str]] | None
+
+
 class Retriever:
     """Hybrid search over one Memory's stores."""
 
@@ -162,21 +172,29 @@ class Retriever:
         if executor is not None:
             executor.shutdown(wait=True)
 
-    def warm(self, user_id: str, query: str) -> Future[list[str]] | None:
+    def warm(self, user_id: str, query: str, *, embed: bool = False) -> Warmed:
         """Start loading what a gathering for the user will read first: a reader thread asks
-        the graph for the query's entities (the future returned; None without the graph
-        signal), and another loads the lexical cache if it loads at a first read
-        (:class:`~hybridmem.protocols.Preloading`). A first read of the user then loads the
-        graph (a file, or a server's snapshot and the records after it) and the texts while
-        the caller does something else: context() asks which sections the user has, a
-        gathering embeds and searches the query. A failure is the gathering's to raise."""
+        the graph for the query's entities (unless there is no graph signal), another loads
+        the lexical cache if it loads at a first read
+        (:class:`~hybridmem.protocols.Preloading`), and with ``embed`` a third embeds the
+        query. A first read of the user then loads the graph (a file, or a server's snapshot
+        and the records after it) and the texts while the caller does something else:
+        context() asks which sections the user has (three scans of metadata, round trips on a
+        Chroma server), and the query is embedded meanwhile instead of after them. A failure
+        is the gathering's to raise."""
         lexical = self._stores.lexical
         if self.weights.lexical > 0 and isinstance(lexical, Preloading):
             self.pool().submit(contextvars.copy_context().run, lexical.preload, user_id)
-        if not self.weights.graph > 0:
-            return None
-        return self.pool().submit(contextvars.copy_context().run,
-                                  self._stores.graph.entities_in, user_id, query)
+        vector = self.pool().submit(contextvars.copy_context().run, self._query_vector,
+                                    query) if embed and self._vector_weighted() else None
+        entities = self.pool().submit(contextvars.copy_context().run,
+                                      self._stores.graph.entities_in, user_id, query) \
+            if self.weights.graph > 0 else None
+        return Warmed(vector=vector, entities=entities)
+
+    def _vector_weighted(self) -> bool:
+        """Whether a gathering searches by vector (also when no signal is weighted at all)."""
+        return self.weights.vector > 0 or not self.weights.lexical > 0
 
     def search(self, user_id: str, query: str, *, limit: int, where: Filter | None,
                now: datetime | None = None) -> list[Hit]:
@@ -186,7 +204,7 @@ class Retriever:
 
     def gather(self, user_id: str, query: str, sections: Sequence[tuple[int, Filter | None]],
                *, now: datetime | None = None,
-               warmed: Future[list[str]] | None = None) -> list[list[Hit]]:
+               warmed: Warmed | None = None) -> list[list[Hit]]:
         """The best memories for ``query`` in each ``(limit, where)`` section, from one
         gathering: one query embedding, one nearest-neighbour search (see
         :meth:`~hybridmem.protocols.VectorStore.query_sections`), one lexical lookup whose
@@ -204,7 +222,8 @@ class Retriever:
         (``graph_weight`` 0) every section ranks exactly as its own search.
 
         The graph is asked for the query's entities on a reader thread as the gathering starts
-        (see :meth:`warm`), unless the caller started it already (``warmed``)."""
+        (see :meth:`warm`), unless the caller started it already (``warmed``, which may hold
+        the query's embedding too)."""
         s, w = self._settings, self.weights
         pools = [pool_size(s.candidates, limit) for limit, _ in sections]
         if not sections:
@@ -225,7 +244,7 @@ class Retriever:
 
         makers = [cand_of(n) for n in range(len(sections))]
         wheres = [where for _, where in sections]
-        vector = w.vector > 0 or not w.lexical > 0
+        vector = self._vector_weighted()
         lexical: Future[tuple[list[tuple[str, float]], list[list[MemoryItem]]]] | None = None
         if w.lexical > 0 and vector:  # FTS5 runs while the query is embedded (both free the GIL)
             lexical = self.pool().submit(contextvars.copy_context().run,  # a trace's parent
@@ -233,7 +252,8 @@ class Retriever:
         warm = warmed if warmed is not None else self.warm(user_id, query) if vector else None
         qvec: list[float] | None = None
         if vector:
-            qvec = self._query_vector(query)
+            qvec = warm.vector.result() if warm is not None and warm.vector is not None \
+                else self._query_vector(query)
             with self._observe.stage("vector"):
                 lists = self._stores.vectors.query_sections(
                     user_id, qvec, [(pool, where) for pool, (_, where) in zip(pools, sections)])
@@ -258,8 +278,8 @@ class Retriever:
                     c.lexical, c.lexical_rank = score, rank
         if w.graph > 0:  # one activation, from the first section's candidates
             with self._observe.stage("graph"):
-                if warm is not None:
-                    warm.result()
+                if warm is not None and warm.entities is not None:
+                    warm.entities.result()
                 reached = self._activation(user_id, query, list(cands[0].values()), qvec)
                 # strongest first, ties by id: each section's cut and ranks are canonical
                 strongest = sorted([(-r[0], m) for m, r in reached.items()])
