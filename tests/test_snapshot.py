@@ -15,6 +15,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from hybridmem.chroma import client as _chroma
 from hybridmem.models import Entity, Extraction, Relation
 from hybridmem.replica import snapshot
@@ -97,7 +99,7 @@ def test_a_snapshot_is_stored_compressed_in_metadata_not_in_documents(
                    zip(got["ids"], got["documents"], got["metadatas"]) if i != snapshot.HEAD)
     assert parts and all(doc is None for _, doc, _ in parts)
     payload = "".join(data for _, _, data in parts)
-    raw = zlib.decompress(base64.b64decode(payload))
+    raw = zstandard.ZstdDecompressor().decompress(base64.b64decode(payload))
     assert len(payload) < len(raw) / 2
     covers, _, graph = raw.partition(b"\n")
     assert graph == store._cache.snapshot(unique_user)
@@ -146,12 +148,56 @@ def test_an_unusable_snapshot_falls_back_to_replaying_every_record(
     assert view(reader, unique_user) == view(writer, unique_user)
     assert state(reader, unique_user).snap is None
     col.upsert(ids=[f"{snap}.0"], embeddings=[[1.0]], metadatas=[{
-        "snap": snap, "part": 0, "data": base64.b64encode(zlib.compress(b"not json\n{")).decode()}])
+        "snap": snap, "part": 0,
+        "data": base64.b64encode(zstandard.ZstdCompressor().compress(b"not json\n{")).decode()}])
     again = ChromaGraphStore(url=chroma_server)
     assert view(again, unique_user) == view(writer, unique_user)
     for s in (writer, reader, again):
         s.close()
 
+
+
+def test_a_snapshot_of_the_earlier_codec_is_read_and_a_frame_claiming_too_much_is_not(
+    chroma_server: str, unique_user: str
+) -> None:
+    """Snapshots written by a release that compressed with zlib still load; a Zstandard frame
+    whose header claims more than MAX_PAYLOAD is refused before anything is allocated, and the
+    reader replays the records instead."""
+    writer = ChromaGraphStore(url=chroma_server)
+    writer.add_extractions(unique_user, [(f"m{i}", ex(i)) for i in range(SNAPSHOT_TAIL)])
+    col = snapshots(chroma_server, unique_user)
+    current = snapshot.read(col)
+    assert current is not None
+    head = col.get(ids=[snapshot.HEAD], include=["metadatas"])["metadatas"][0]
+    assert head["codec"] == snapshot.CODEC
+    payload = snapshot._get(col, snapshot._GRAPH)
+    assert payload is not None
+
+    def rewrite(data: str, codec: str) -> None:
+        col.upsert(ids=[f"{current.snap}.0", snapshot.HEAD], embeddings=[[1.0], [1.0]],
+                   metadatas=[{"snap": current.snap, "part": 0, "data": data},
+                              {**head, "parts": 1, "codec": codec}])
+
+    rewrite(base64.b64encode(zlib.compress(payload[1], 1)).decode(), snapshot.ZLIB_CODEC)
+    older = snapshot.read(col)
+    assert older is not None and older.graph == current.graph
+    assert older.covers == current.covers
+    reader = ChromaGraphStore(url=chroma_server)
+    assert view(reader, unique_user) == view(writer, unique_user)
+    assert state(reader, unique_user).snap == current.snap  # loaded from it, not replayed
+
+    frame = zstandard.ZstdCompressor().compress(b"x" * 64)  # magic, header (1-byte size), blocks
+    assert zstandard.frame_content_size(frame) == 64 and frame[4] & 0xE0 == 0x20
+    # the same blocks behind a header claiming 1 TiB (an 8-byte size field, one segment)
+    lying = frame[:4] + bytes([0xE0]) + (1 << 40).to_bytes(8, "little") + frame[6:]
+    assert zstandard.frame_content_size(lying) == 1 << 40
+    rewrite(base64.b64encode(lying).decode(), snapshot.CODEC)
+    assert snapshot.read(col) is None
+    again = ChromaGraphStore(url=chroma_server)
+    assert view(again, unique_user) == view(writer, unique_user)
+    assert state(again, unique_user).snap is None
+    for s in (writer, reader, again):
+        s.close()
 
 KILLED = r"""
 import sys
