@@ -697,6 +697,46 @@ def test_a_load_runs_without_garbage_collections_and_restores_the_collector(
     assert len(runs) <= 1, runs
 
 
+
+def test_a_load_leaves_its_graph_in_the_oldest_generation_unless_the_process_froze_objects(
+    tmp_path: Path,
+) -> None:
+    """What a load built goes to the collector's oldest generation when it ends, so young
+    collections do not walk the new graph again; a process that froze objects itself keeps
+    them frozen (the load then leaves its objects where they are)."""
+    import gc
+
+    first = NetworkXGraphStore(tmp_path)
+    first.add_extractions("u", [(f"m{i}", ex((f"person {i}", "bought", f"thing {i}")))
+                                for i in range(200)])
+    first.save("u")
+    first.close()
+
+    def generation(obj: object) -> int:
+        return next(n for n in (0, 1, 2) if any(o is obj for o in gc.get_objects(n)))
+
+    assert gc.isenabled()
+    store = NetworkXGraphStore(tmp_path)
+    try:
+        store.entities_in("u", "person 7")
+        attrs = store._state("u").graph.nodes["person 7"]  # white-box: the cached graph
+        assert generation(attrs) == 2 and gc.get_freeze_count() == 0
+    finally:
+        store.close()
+
+    kept = {"frozen by the process": [1]}
+    gc.freeze()
+    store = NetworkXGraphStore(tmp_path)
+    try:
+        store.entities_in("u", "person 7")
+        attrs = store._state("u").graph.nodes["person 7"]
+        tracked = gc.get_objects()  # every generation, not the frozen objects
+        assert not any(o is kept for o in tracked)  # still frozen
+        assert generation(attrs) != 2
+    finally:
+        store.close()
+        gc.unfreeze()
+
 def _general(attrs: dict[str, object]) -> dict[str, object]:
     """An edge's attributes as the general (normalising) path derives them."""
     from hybridmem.graph.fileformat import _evidence, refresh_edge

@@ -52,7 +52,11 @@ def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside the block (the process's own setting is restored when
     the last of several concurrent blocks ends). A graph load builds hundreds of thousands of
     containers, none of them garbage, and the collector walked them again and again: a third of
-    a 10k-memory load (0.35 -> 0.23 s)."""
+    a 10k-memory load (0.35 -> 0.23 s).
+
+    When the last block ends, what was built meanwhile goes to the collector's oldest
+    generation at once (see :func:`_promote`), so the young collections that follow do not
+    walk the new graph one or two more times (5k memories: ~10-20 ms of a first context)."""
     with _paused:
         if not _pausing[0]:
             _pausing[1] = gc.isenabled()
@@ -64,7 +68,19 @@ def gc_paused() -> Iterator[None]:
         with _paused:
             _pausing[0] -= 1
             if not _pausing[0] and _pausing[1]:
+                _promote()
                 gc.enable()
+
+
+def _promote() -> None:
+    """Move every object the collector tracks to its oldest generation: ``gc.freeze()`` then
+    ``gc.unfreeze()``, which splice lists and walk nothing. Objects another thread made young
+    meanwhile go too, and their cyclic garbage waits for the next full collection. Skipped when
+    the process froze objects itself (``gc.get_freeze_count()``, as a pre-forking server does to
+    keep pages shared): unfreezing would undo that."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 def refresh_edge(attrs: dict[str, Any]) -> None:
