@@ -723,6 +723,11 @@ def test_a_load_leaves_its_graph_in_the_oldest_generation_unless_the_process_fro
         assert generation(attrs) == 2 and gc.get_freeze_count() == 0
     finally:
         store.close()
+    from hybridmem.graph.fileformat import gc_paused
+
+    with gc_paused():  # a pause that builds no graph (a snapshot's serialising) promotes nothing
+        young = {"made while paused": [1]}
+    assert generation(young) != 2
 
     kept = {"frozen by the process": [1]}
     gc.freeze()

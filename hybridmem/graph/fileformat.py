@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,32 +45,51 @@ SCHEMA = 1
 #: Longest predicate a relation may carry (as :class:`~hybridmem.models.Relation` allows).
 MAX_PREDICATE = 100
 _paused = threading.Lock()
-_pausing = [0, False]  # loads in progress; whether the collector was on when the first began
+
+
+@dataclass
+class _Pauses:
+    """The process's pauses of the collector (see :func:`gc_paused`; the collector is one per
+    process, so this is too): how many are in progress, whether the collector was on when the
+    first began, and whether one of them loaded a graph."""
+
+    running: int = 0
+    was_on: bool = False
+    loaded: bool = False
+
+
+_pausing = _Pauses()
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(*, load: bool = False) -> Iterator[None]:
     """No cyclic garbage collection inside the block (the process's own setting is restored when
     the last of several concurrent blocks ends). A graph load builds hundreds of thousands of
     containers, none of them garbage, and the collector walked them again and again: a third of
     a 10k-memory load (0.35 -> 0.23 s).
 
-    When the last block ends, what was built meanwhile goes to the collector's oldest
-    generation at once (see :func:`_promote`), so the young collections that follow do not
-    walk the new graph one or two more times (5k memories: ~10-20 ms of a first context)."""
+    ``load``: the block builds a graph that stays. When the last block ends, what was built
+    meanwhile then goes to the collector's oldest generation at once (see :func:`_promote`),
+    so the young collections that follow do not walk the new graph one or two more times (5k
+    memories: ~10-20 ms of a first context). Blocks that only serialise a graph leave the
+    generations alone."""
     with _paused:
-        if not _pausing[0]:
-            _pausing[1] = gc.isenabled()
+        if not _pausing.running:
+            _pausing.was_on = gc.isenabled()
             gc.disable()
-        _pausing[0] += 1
+        _pausing.running += 1
     try:
         yield
     finally:
         with _paused:
-            _pausing[0] -= 1
-            if not _pausing[0] and _pausing[1]:
-                _promote()
-                gc.enable()
+            _pausing.running -= 1
+            _pausing.loaded = _pausing.loaded or load
+            if not _pausing.running:
+                if _pausing.was_on and _pausing.loaded:
+                    _promote()
+                _pausing.loaded = False
+                if _pausing.was_on:
+                    gc.enable()
 
 
 def _promote() -> None:

@@ -220,7 +220,7 @@ class NetworkXGraphStore:
     def _load(self, st: UserGraph) -> None:
         """Read the snapshot, then replay the log over it (see :func:`gc_paused` for why the
         collector waits)."""
-        with gc_paused():
+        with gc_paused(load=True):
             self._read(st)
         if st.log_bytes >= FOLD_MIN_BYTES and st.log_bytes * 4 > st.snapshot_bytes:
             self._fold(st)
@@ -393,7 +393,7 @@ class NetworkXGraphStore:
     def restore(self, user_id: str, raw: bytes) -> None:
         """Replace the user's graph with :meth:`snapshot` bytes, without saving (an in-memory
         store's load); ValueError when they do not hold a graph."""
-        with self._locked(user_id), gc_paused():
+        with self._locked(user_id), gc_paused(load=True):
             g = from_json_bytes(raw)
             st = self._state(user_id)
             st.graph = g
@@ -451,7 +451,7 @@ class NetworkXGraphStore:
             if st is None:
                 st = UserGraph(user_id, self._path(user_id))
             if st.stamp is None or st.stamps() != st.stamp:
-                with gc_paused():
+                with gc_paused(load=True):
                     self._read(st)
             if st.log_bytes:
                 self._save(user_id, st)
