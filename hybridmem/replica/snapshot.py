@@ -84,12 +84,11 @@ if TYPE_CHECKING:
     from chromadb.api.models.Collection import Collection
     from chromadb.api.types import Metadata, PyEmbedding, Where
 
-__all__ = ["CODEC", "FINISHED", "HEAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS",
+__all__ = ["CODEC", "FINISHED", "HEAD", "MAX_PAYLOAD", "NAMES_FORMAT", "NAMES_HEAD", "PART_CHARS",
            "RECORDS_FORMAT", "RECORDS_HEAD", "SCHEMA", "TEXTS_FORMAT", "TEXTS_HEAD", "ZLIB_CODEC",
-           "Snapshot",
-           "Texts", "collection_meta", "drop_graph", "drop_names", "drop_records", "drop_texts",
-           "due", "finish", "new_id", "read", "read_names", "read_records", "read_texts",
-           "texts_head", "write", "write_names", "write_records", "write_texts"]
+           "Snapshot", "Texts", "collection_meta", "drop_graph", "drop_names", "drop_records",
+           "drop_texts", "due", "finish", "new_id", "read", "read_names", "read_records",
+           "read_texts", "texts_head", "write", "write_names", "write_records", "write_texts"]
 
 log = logging.getLogger(__name__)
 #: The schema the snapshot collection's metadata names.
@@ -115,7 +114,8 @@ NAMES_FORMAT = 1
 PART_CHARS = 1 << 20
 #: Parts per ``upsert`` request.
 PARTS_PER_CALL = 4
-#: How a part's ``data`` encodes the payload (the head names it; a reader refuses another).
+#: How a part's ``data`` encodes the payload (the head names it; a reader refuses any other
+#: but :data:`ZLIB_CODEC`).
 CODEC = "zstd+base64"
 #: The codec of earlier releases' snapshots (zlib), read but not written.
 ZLIB_CODEC = "zlib+base64"
